@@ -1,0 +1,3 @@
+from ray_layout.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,195 @@
+"""Megatron's pipeline layout language (``--pipeline-model-parallel-layout``).
+
+One concept: a layout is the flat list of stage strings Megatron reads, stage ``k`` belonging to
+PP rank ``k % PP`` and virtual chunk ``k // PP``.  Parsing reproduces Megatron's grammar exactly
+(commas dropped, ``(X)*n`` unrolled, then ``x*n``); validation reproduces
+``PipelineParallelLayerLayout.validate_layer_layout`` rule for rule, with messages that say what
+is wrong; formatting writes the compact form that parses back to the same layout.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+EMBEDDING, DECODER, MTP, LOSS = "E", "t", "m", "L"
+SYMBOLS = frozenset("EtmL")
+MAX_EXPANDED_LENGTH = 1_000_000  # Megatron has no cap; a typo like t*99999999 should not hang us
+
+_GROUP_REPEAT = re.compile(r"\(([^)]+)\)\*(\d+)")
+_SYMBOL_REPEAT = re.compile(r"(.)\*(\d+)")
+
+
+class LayoutError(ValueError):
+    """A layout string or layout that Megatron would reject (or that we cannot use)."""
+
+
+def _unroll(pattern: re.Pattern[str], text: str) -> str:
+    def repeat(match: re.Match[str]) -> str:
+        times = int(match.group(2))
+        if len(match.group(1)) * times > MAX_EXPANDED_LENGTH:
+            raise LayoutError(f"layout expands to more than {MAX_EXPANDED_LENGTH} symbols")
+        return match.group(1) * times
+
+    return pattern.sub(repeat, text)
+
+
+def expand(text: str) -> str:
+    """The layout with every repetition unrolled, as Megatron unrolls it."""
+    text = text.replace(",", "")
+    return _unroll(_SYMBOL_REPEAT, _unroll(_GROUP_REPEAT, text))
+
+
+def parse_stages(text: str) -> tuple[str, ...]:
+    """The flat list of stages of a layout string; each stage is a string of E/t/m/L."""
+    expanded = expand(text)
+    stages = tuple(expanded.split("|"))
+    for index, stage in enumerate(stages):
+        bad = sorted(set(stage) - SYMBOLS)
+        if bad:
+            raise LayoutError(
+                f"invalid symbol {bad[0]!r} in stage {index} ({stage!r}) of layout {text!r}; "
+                "known symbols: E, t, m, L, '|', '(X)*n', 'x*n', ','"
+            )
+    return stages
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A pipeline layout: flat stages in Megatron's order, and the PP size that reads them."""
+
+    stages: tuple[str, ...]
+    pp: int
+
+    def __post_init__(self) -> None:
+        if self.pp < 1:
+            raise LayoutError(f"pipeline parallel size must be >= 1, got {self.pp}")
+        if len(self.stages) % self.pp:
+            raise LayoutError(
+                f"layout has {len(self.stages)} stages, not divisible by PP={self.pp}"
+            )
+
+    @classmethod
+    def parse(cls, text: str, pp: int) -> Layout:
+        return cls(parse_stages(text), pp)
+
+    @property
+    def vpp(self) -> int:
+        return len(self.stages) // self.pp
+
+    def stage(self, pp_rank: int, chunk: int = 0) -> str:
+        return self.stages[chunk * self.pp + pp_rank]
+
+    def rank_chunks(self, pp_rank: int) -> tuple[str, ...]:
+        """The stages PP rank ``pp_rank`` runs, chunk 0 first."""
+        return self.stages[pp_rank :: self.pp]
+
+    @property
+    def flat(self) -> str:
+        """Every symbol in layer order (chunk-major), as Megatron flattens it."""
+        return "".join(self.stages)
+
+    @property
+    def mtp_standalone(self) -> bool:
+        """Some PP rank other than the last holds MTP layers."""
+        return any(MTP in self.stage(rank, self.vpp - 1) for rank in range(self.pp - 1))
+
+    def __str__(self) -> str:
+        return format_stages(self.stages)
+
+
+def validate(layout: Layout, num_layers: int, mtp_num_layers: int) -> bool:
+    """Megatron's checks of a layout; raises :class:`LayoutError` naming the first problem and
+    returns whether the layout is MTP standalone (MTP on a rank other than the last)."""
+    flat = layout.flat
+    if not flat:
+        raise LayoutError("layout holds no layers: it needs at least E and L")
+    if flat[0] != EMBEDDING:
+        raise LayoutError(f"the first layer must be the embedding E, but the layout starts {flat[0]!r}")
+    if flat[-1] != LOSS:
+        raise LayoutError(f"the last layer must be the loss L, but the layout ends {flat[-1]!r}")
+    if flat.count(EMBEDDING) != 1:
+        raise LayoutError(f"E must appear exactly once, found {flat.count(EMBEDDING)}")
+    if flat.count(LOSS) != 1:
+        raise LayoutError(f"L must appear exactly once, found {flat.count(LOSS)}")
+    if flat.count(DECODER) != num_layers:
+        raise LayoutError(
+            f"layout has {flat.count(DECODER)} decoder layers t, the model has {num_layers}"
+        )
+    if flat.count(MTP) != mtp_num_layers:
+        raise LayoutError(
+            f"layout has {flat.count(MTP)} MTP layers m, the model has {mtp_num_layers}"
+        )
+    if MTP in flat and DECODER in flat[flat.index(MTP) :]:
+        raise LayoutError("decoder layers t must all come before the first MTP layer m")
+    for rank in range(layout.pp):
+        chunks = layout.rank_chunks(rank)
+        for chunk, stage in enumerate(chunks[:-1]):
+            if MTP in stage:
+                raise LayoutError(
+                    f"MTP must be in the last virtual chunk of its rank; PP rank {rank} holds m "
+                    f"in chunk {chunk} of {layout.vpp}"
+                )
+        if MTP in chunks[-1] and chunks[-1].count(MTP) != mtp_num_layers:
+            raise LayoutError(
+                f"all {mtp_num_layers} MTP layers must be in one virtual stage; PP rank {rank}'s "
+                f"last chunk holds {chunks[-1].count(MTP)}"
+            )
+    return layout.mtp_standalone
+
+
+def placement_problems(layout: Layout) -> list[str]:
+    """What Megatron accepts but does not do: it always builds the embedding on PP rank 0,
+    chunk 0 and the output layer + loss on the last rank's last chunk, whatever the string says."""
+    problems = []
+    if EMBEDDING not in layout.stages[0]:
+        problems.append("E is not in stage 0: Megatron still builds the embedding on PP rank 0")
+    if LOSS not in layout.stages[-1]:
+        problems.append(
+            "L is not in the last stage: Megatron still builds the output layer and loss on the "
+            "last PP rank's last chunk"
+        )
+    return problems
+
+
+def _format_stage(stage: str) -> str:
+    """Runs of three or more as ``t*5``; a pair of decoder layers as ``tt`` at the end of a
+    stage and ``t*2`` before other symbols, so the count stays visible (``t*2mL``, ``(tt|)*29``)."""
+    parts = []
+    for match in re.finditer(r"(.)\1*", stage):
+        symbol, count = match.group(1), len(match.group(0))
+        at_end = match.end() == len(stage)
+        if count == 1 or (count == 2 and (at_end or symbol != DECODER)):
+            parts.append(symbol * count)
+        else:
+            parts.append(f"{symbol}*{count}")
+    return "".join(parts)
+
+
+def format_stages(stages: tuple[str, ...] | list[str]) -> str:
+    """The compact string of a layout: runs of one symbol as ``t*5`` and runs of identical
+    stages as ``(tt|)*29``, whichever is shorter; parsing it gives ``stages`` back."""
+    texts = [_format_stage(s) for s in stages]
+    out: list[str] = []
+    index = 0
+    while index < len(texts):
+        run = 1
+        while index + run < len(texts) and texts[index + run] == texts[index]:
+            run += 1
+        last = index + run == len(texts)
+        plain = "|".join(texts[index : index + run]) + ("" if last else "|")
+        repeats = run - 1 if last else run
+        grouped = f"({texts[index]}|)*{repeats}" + (texts[index] if last else "")
+        out.append(grouped if repeats >= 2 and len(grouped) < len(plain) else plain)
+        index += run
+    return "".join(out)
+
+
+def pretty(layout: Layout) -> str:
+    """One line per PP rank with its chunks, like Megatron's own log of a parsed layout."""
+    width = max(len(_format_stage(s) or "-") for s in layout.stages)
+    lines = []
+    for rank in range(layout.pp):
+        chunks = [(_format_stage(s) or "-").ljust(width) for s in layout.rank_chunks(rank)]
+        lines.append(f"PP rank {rank:>2}: " + "  ".join(chunks).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,400 @@
+"""ModelSpec and ParallelConfig: the model shape and parallel sizes everything else reads.
+
+Field names follow Megatron's argument names (``--num-query-groups`` -> ``num_query_groups``) so
+that the three loaders (this project's YAML/JSON, a Megatron command line, a Hugging Face
+``config.json``) all land on one vocabulary.  Every loader ends in :func:`build_recipe`, which
+fills Megatron's defaults and rejects contradictions with one-line :class:`ConfigError` messages.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A model or parallel configuration that cannot describe a real Megatron run."""
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """Multi-latent attention (DeepSeek-V2/V3): low-rank query and key/value projections."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_head_dim: int
+    qk_pos_emb_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shape of a GPT-style (MoE) model as Megatron builds it."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    num_query_groups: int
+    kv_channels: int
+    seq_length: int
+    vocab_size: int
+    make_vocab_size_divisible_by: int = 128
+    swiglu: bool = True
+    normalization: str = "RMSNorm"
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    position_embedding_type: str = "rope"
+    max_position_embeddings: int = 0
+    untie_embeddings_and_output_weights: bool = False
+    num_experts: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_router_topk: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    moe_layer_pattern: tuple[bool, ...] = ()
+    mtp_num_layers: int = 0
+    mla: MLAConfig | None = None
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_pattern)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def mtp_layer_is_moe(self) -> bool:
+        """Megatron builds each MTP layer with the spec of the last decoder layer."""
+        return bool(self.moe_layer_pattern) and self.moe_layer_pattern[-1]
+
+    def padded_vocab_size(self, tensor_parallel: int = 1) -> int:
+        """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
+        multiple = self.make_vocab_size_divisible_by * tensor_parallel
+        return -(-self.vocab_size // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Parallel sizes and batch shape of one run. dp=0 means "derive from world_size"."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    dp: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: int = 0
+    use_distributed_optimizer: bool = True
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel size of the expert parameters: world / (ETP x EP x PP)."""
+        return self.world_size // (self.etp * self.ep * self.pp)
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model together with the parallel sizes its configuration asked for."""
+
+    model: ModelSpec
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+MODEL_KEYS = frozenset(
+    f.name for f in fields(ModelSpec) if f.name not in {"moe_layer_pattern", "mla"}
+) | {"moe_layer_freq", "group_query_attention", "multi_latent_attention"} | {
+    f.name for f in fields(MLAConfig)
+}
+PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
+
+
+def parse_moe_layer_freq(value: int | str | list[int], num_layers: int) -> tuple[bool, ...]:
+    """Megatron's ``--moe-layer-freq``: an int N (every N-th layer is MoE, starting at layer 0)
+    or a list, given directly or as a Python expression such as ``([0]*3+[1]*58)``.
+
+    The expression is evaluated over its syntax tree (lists of 0/1, ``+`` and ``*``), never eval.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"moe_layer_freq must be an int or a list, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise ConfigError(f"moe_layer_freq must be >= 1, got {value}")
+        return tuple(i % value == 0 for i in range(num_layers))
+    pattern = _list_expression(value) if isinstance(value, str) else list(value)
+    if isinstance(pattern, int):
+        return parse_moe_layer_freq(pattern, num_layers)
+    if len(pattern) != num_layers:
+        raise ConfigError(
+            f"moe_layer_freq has {len(pattern)} entries but num_layers is {num_layers}"
+        )
+    if any(x not in (0, 1) or isinstance(x, float) for x in pattern):
+        raise ConfigError(f"moe_layer_freq entries must be 0 or 1, got {pattern}")
+    return tuple(bool(x) for x in pattern)
+
+
+_MAX_PATTERN_LENGTH = 100_000
+
+
+def _list_expression(text: str) -> list[int] | int:
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        raise ConfigError(f"moe_layer_freq {text!r} is not an int or a list expression") from None
+
+    def value(node: ast.AST) -> list[int] | int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.List):
+            items = [value(x) for x in node.elts]
+            if not all(isinstance(x, int) for x in items):
+                raise ConfigError(f"moe_layer_freq {text!r}: nested lists are not allowed")
+            return items
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Add) and type(left) is type(right):
+                return left + right
+            if isinstance(node.op, ast.Mult):
+                times, items = (right, left) if isinstance(left, list) else (left, right)
+                if isinstance(items, list) and isinstance(times, int):
+                    if len(items) * max(times, 0) > _MAX_PATTERN_LENGTH:
+                        raise ConfigError(f"moe_layer_freq {text!r} is too long")
+                    return items * times
+                if isinstance(items, int) and isinstance(times, int):
+                    return items * times
+        raise ConfigError(
+            f"moe_layer_freq {text!r}: only integers, lists, '+' and '*' are allowed"
+        )
+
+    return value(tree.body)
+
+
+def _take(raw: dict[str, Any], key: str, kind: type, default: Any = None, *, source: str) -> Any:
+    if key not in raw or raw[key] is None:
+        return default
+    value = raw[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+    return value
+
+
+def _required(raw: dict[str, Any], key: str, *, source: str) -> int:
+    value = _take(raw, key, int, source=source)
+    if value is None:
+        raise ConfigError(f"{source}: missing required field {key}")
+    if value <= 0:
+        raise ConfigError(f"{source}: {key} must be positive, got {value}")
+    return value
+
+
+def build_recipe(
+    raw_model: Mapping[str, Any], raw_parallel: Mapping[str, Any] | None = None, *, source: str
+) -> Recipe:
+    """Fill Megatron's defaults into flat model and parallel fields and check them together."""
+    raw = dict(raw_model)
+    unknown = sorted(set(raw) - MODEL_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown model field(s): {', '.join(unknown)}")
+    num_layers = _required(raw, "num_layers", source=source)
+    hidden = _required(raw, "hidden_size", source=source)
+    heads = _required(raw, "num_attention_heads", source=source)
+    swiglu = _take(raw, "swiglu", bool, True, source=source)
+    ffn = _take(raw, "ffn_hidden_size", int, source=source)
+    if ffn is None:  # Megatron's default: 4h, or 2/3 of it rounded down to 64 with SwiGLU
+        ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
+    kv_channels = _take(raw, "kv_channels", int, source=source)
+    if kv_channels is None:
+        if hidden % heads:
+            raise ConfigError(
+                f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; "
+                "set kv_channels"
+            )
+        kv_channels = hidden // heads
+    gqa = _take(raw, "group_query_attention", bool, "num_query_groups" in raw, source=source)
+    groups = _take(raw, "num_query_groups", int, source=source) if gqa else None
+    groups = groups or heads
+    if heads % groups:
+        raise ConfigError(
+            f"{source}: num_attention_heads {heads} is not divisible by num_query_groups {groups}"
+        )
+    normalization = _take(raw, "normalization", str, "RMSNorm", source=source)
+    if normalization not in ("LayerNorm", "RMSNorm"):
+        raise ConfigError(f"{source}: normalization must be LayerNorm or RMSNorm, not {normalization}")
+    position = _take(raw, "position_embedding_type", str, "rope", source=source)
+    if position not in ("rope", "learned_absolute", "none"):
+        raise ConfigError(f"{source}: unknown position_embedding_type {position}")
+    seq_length = _required(raw, "seq_length", source=source)
+    max_positions = _take(raw, "max_position_embeddings", int, seq_length, source=source)
+    num_experts = _take(raw, "num_experts", int, 0, source=source)
+    mtp = _take(raw, "mtp_num_layers", int, 0, source=source)
+    if num_experts < 0 or mtp < 0:
+        raise ConfigError(f"{source}: num_experts and mtp_num_layers cannot be negative")
+    if mtp and position == "learned_absolute":
+        raise ConfigError(
+            f"{source}: MTP needs position_embedding_type rope or none (Megatron rejects "
+            "learned_absolute with mtp_num_layers)"
+        )
+    moe_ffn = topk = shared = 0
+    pattern: tuple[bool, ...] = (False,) * num_layers
+    if num_experts:
+        moe_ffn = _take(raw, "moe_ffn_hidden_size", int, ffn, source=source)
+        topk = _take(raw, "moe_router_topk", int, 2, source=source)
+        if not 1 <= topk <= num_experts:
+            raise ConfigError(
+                f"{source}: moe_router_topk {topk} must be between 1 and num_experts {num_experts}"
+            )
+        shared = _take(raw, "moe_shared_expert_intermediate_size", int, 0, source=source)
+        pattern = parse_moe_layer_freq(raw.get("moe_layer_freq", 1), num_layers)
+    else:
+        moe_only = [
+            k
+            for k in ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq")
+            if raw.get(k) not in (None, 0)
+        ]
+        if moe_only:
+            raise ConfigError(f"{source}: {', '.join(moe_only)} set but num_experts is 0")
+    mla = None
+    if _take(raw, "multi_latent_attention", bool, False, source=source):
+        mla = MLAConfig(
+            q_lora_rank=_take(raw, "q_lora_rank", int, source=source),
+            kv_lora_rank=_required(raw, "kv_lora_rank", source=source),
+            qk_head_dim=_required(raw, "qk_head_dim", source=source),
+            qk_pos_emb_head_dim=_required(raw, "qk_pos_emb_head_dim", source=source),
+            v_head_dim=_required(raw, "v_head_dim", source=source),
+        )
+    model = ModelSpec(
+        name=_take(raw, "name", str, "model", source=source),
+        num_layers=num_layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        ffn_hidden_size=ffn,
+        num_query_groups=groups,
+        kv_channels=kv_channels,
+        seq_length=seq_length,
+        vocab_size=_required(raw, "vocab_size", source=source),
+        make_vocab_size_divisible_by=_take(
+            raw, "make_vocab_size_divisible_by", int, 128, source=source
+        ),
+        swiglu=swiglu,
+        normalization=normalization,
+        add_bias_linear=_take(raw, "add_bias_linear", bool, False, source=source),
+        add_qkv_bias=_take(raw, "add_qkv_bias", bool, False, source=source),
+        qk_layernorm=_take(raw, "qk_layernorm", bool, False, source=source),
+        position_embedding_type=position,
+        max_position_embeddings=max_positions if position == "learned_absolute" else 0,
+        untie_embeddings_and_output_weights=_take(
+            raw, "untie_embeddings_and_output_weights", bool, False, source=source
+        ),
+        num_experts=num_experts,
+        moe_ffn_hidden_size=moe_ffn,
+        moe_router_topk=topk,
+        moe_shared_expert_intermediate_size=shared,
+        moe_layer_pattern=pattern,
+        mtp_num_layers=mtp,
+        mla=mla,
+    )
+    parallel = build_parallel(model, raw_parallel or {}, source=source)
+    return Recipe(model=model, parallel=parallel)
+
+
+def build_parallel(
+    model: ModelSpec, raw: Mapping[str, Any], *, source: str = "parallel"
+) -> ParallelConfig:
+    """Parallel sizes checked against the model (experts divide by EP, heads by TP, ...)."""
+    unknown = sorted(set(raw) - PARALLEL_KEYS)
+    if unknown:
+        raise ConfigError(f"{source}: unknown parallel field(s): {', '.join(unknown)}")
+    sizes = {}
+    for f in fields(ParallelConfig):
+        if f.name == "use_distributed_optimizer":
+            continue
+        value = _take(dict(raw), f.name, int, f.default, source=source)
+        minimum = 0 if f.name == "global_batch_size" else 1
+        if value < minimum:
+            raise ConfigError(f"{source}: {f.name} must be >= {minimum}, got {value}")
+        sizes[f.name] = value
+    distopt = _take(dict(raw), "use_distributed_optimizer", bool, True, source=source)
+    parallel = ParallelConfig(**sizes, use_distributed_optimizer=distopt)
+    check_parallel(model, parallel, source=source)
+    return parallel
+
+
+def check_parallel(model: ModelSpec, parallel: ParallelConfig, *, source: str) -> None:
+    p = parallel
+    if model.num_attention_heads % p.tp:
+        raise ConfigError(
+            f"{source}: num_attention_heads {model.num_attention_heads} not divisible by TP {p.tp}"
+        )
+    if model.num_query_groups % p.tp:
+        raise ConfigError(
+            f"{source}: num_query_groups {model.num_query_groups} not divisible by TP {p.tp}"
+        )
+    if p.ep > 1 and not model.num_experts:
+        raise ConfigError(f"{source}: expert parallel size {p.ep} set on a model without experts")
+    if model.num_experts and model.num_experts % p.ep:
+        raise ConfigError(f"{source}: num_experts {model.num_experts} not divisible by EP {p.ep}")
+    if p.world_size % (p.etp * p.ep * p.pp):
+        raise ConfigError(
+            f"{source}: world size {p.world_size} (TP·CP·DP·PP) not divisible by "
+            f"ETP·EP·PP = {p.etp * p.ep * p.pp}"
+        )
+    if p.vpp > 1 and p.pp == 1:
+        raise ConfigError(f"{source}: virtual pipeline size {p.vpp} needs PP > 1")
+    if p.global_batch_size and p.global_batch_size % (p.micro_batch_size * p.dp):
+        raise ConfigError(
+            f"{source}: global_batch_size {p.global_batch_size} not divisible by "
+            f"micro_batch_size x DP = {p.micro_batch_size * p.dp}"
+        )
+
+
+def with_parallel(recipe: Recipe, **overrides: int | None) -> Recipe:
+    """The recipe with some parallel sizes replaced (None leaves a size as it was)."""
+    merged = {f.name: getattr(recipe.parallel, f.name) for f in fields(ParallelConfig)}
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return Recipe(recipe.model, build_parallel(recipe.model, merged, source="parallel sizes"))
+
+
+def load_recipe_file(path: str | Path) -> Recipe:
+    """This project's schema: a YAML or JSON mapping of model fields plus a ``parallel`` section."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first_line = str(exc).splitlines()[0]
+        raise ConfigError(f"{source}: not valid {path.suffix[1:].upper()}: {first_line}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of fields at the top level")
+    parallel = raw.pop("parallel", None) or {}
+    if not isinstance(parallel, dict):
+        raise ConfigError(f"{source}: 'parallel' must be a mapping")
+    raw.setdefault("name", path.stem)
+    return build_recipe(raw, parallel, source=source)

@@ -1,0 +1,351 @@
+"""Parameters, FLOPs and memory of each layout unit: E, t (dense / MoE), m and L.
+
+Counts follow the modules megatron-core builds (checked against an instantiated ``GPTModel`` in
+tests); FLOPs follow ``training.py:num_floating_point_operations`` split per unit, so that the
+units of a whole model add up to Megatron's own figure.  Memory is the static part (weights,
+gradients, optimizer state) with Megatron's EP-aware accounting; activations belong to the
+schedule and live in ``search/memory.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ray_layout.model import ModelSpec, ParallelConfig
+
+WEIGHT_BYTES = 2  # bf16 parameters
+GRAD_BYTES = 4  # fp32 main gradients
+OPTIMIZER_BYTES = 12  # fp32 master copy + Adam's two moments
+
+EMBEDDING, DECODER, DENSE_DECODER, MOE_DECODER, MTP, LOSS = "E", "t", "t_dense", "t_moe", "m", "L"
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameter counts split by how Megatron shards them."""
+
+    tp_sharded: int = 0  # split across tensor-parallel ranks (linear weights, embeddings)
+    replicated: int = 0  # copied on every TP rank (norms, router, row-parallel biases)
+    expert: int = 0  # routed-expert weights, split across EP x ETP
+    active_expert: int = 0  # the routed-expert weights one token uses (top-k of them)
+
+    @property
+    def total(self) -> int:
+        return self.tp_sharded + self.replicated + self.expert
+
+    @property
+    def active(self) -> int:
+        return self.tp_sharded + self.replicated + self.active_expert
+
+    def __add__(self, other: Params) -> Params:
+        return Params(
+            self.tp_sharded + other.tp_sharded,
+            self.replicated + other.replicated,
+            self.expert + other.expert,
+            self.active_expert + other.active_expert,
+        )
+
+    def __mul__(self, times: int) -> Params:
+        return Params(
+            self.tp_sharded * times,
+            self.replicated * times,
+            self.expert * times,
+            self.active_expert * times,
+        )
+
+
+@dataclass(frozen=True)
+class UnitSize:
+    """One layout unit: its parameters and forward FLOPs per micro-batch."""
+
+    unit: str
+    params: Params
+    forward_flops: float
+
+    @property
+    def training_flops(self) -> float:
+        """Forward, backward data-gradient and weight-gradient GEMMs: three forwards' worth."""
+        return 3 * self.forward_flops
+
+
+@dataclass(frozen=True)
+class StaticMemory:
+    """Bytes one GPU holds for weights, gradients and optimizer state."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def _norm(model: ModelSpec, width: int) -> int:
+    return width * (2 if model.normalization == "LayerNorm" else 1)
+
+
+def _linear(model: ModelSpec, fan_in: int, fan_out: int) -> tuple[int, int]:
+    """(weight, bias) parameter counts of a Megatron linear layer."""
+    return fan_in * fan_out, fan_out if model.add_bias_linear else 0
+
+
+def _mlp(model: ModelSpec, hidden: int, ffn: int) -> Params:
+    gated = 2 if model.swiglu else 1
+    fc1_weight, fc1_bias = _linear(model, hidden, gated * ffn)
+    fc2_weight, fc2_bias = _linear(model, ffn, hidden)
+    return Params(tp_sharded=fc1_weight + fc1_bias + fc2_weight, replicated=fc2_bias)
+
+
+def attention_params(model: ModelSpec) -> Params:
+    """Self-attention of one layer, without its input norm."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    if model.mla is not None:
+        mla = model.mla
+        q_width = heads * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
+        # The norms on the compressed q and kv exist only under qk_layernorm: Megatron's MLA
+        # specs build them (or fuse them into the up-projections) under that switch alone.
+        if mla.q_lora_rank:
+            q_params = h * mla.q_lora_rank + mla.q_lora_rank * q_width
+            q_norm = _norm(model, mla.q_lora_rank) if model.qk_layernorm else 0
+        else:
+            q_params, q_norm = h * q_width, 0
+        kv_norm = _norm(model, mla.kv_lora_rank) if model.qk_layernorm else 0
+        kv_down = h * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim)
+        kv_up = mla.kv_lora_rank * heads * (mla.qk_head_dim + mla.v_head_dim)
+        proj_weight, proj_bias = _linear(model, heads * mla.v_head_dim, h)
+        return Params(
+            tp_sharded=q_params + kv_down + kv_up + proj_weight,
+            replicated=q_norm + kv_norm + proj_bias,
+        )
+    q = model.kv_channels * heads
+    kv = model.kv_channels * model.num_query_groups
+    qkv_bias = q + 2 * kv if (model.add_bias_linear or model.add_qkv_bias) else 0
+    proj_weight, proj_bias = _linear(model, q, h)
+    qk_norms = 2 * _norm(model, model.kv_channels) if model.qk_layernorm else 0
+    return Params(
+        tp_sharded=h * (q + 2 * kv) + qkv_bias + proj_weight,
+        replicated=proj_bias + qk_norms,
+    )
+
+
+def decoder_layer_params(model: ModelSpec, moe: bool) -> Params:
+    """One transformer layer: input norm, attention, pre-MLP norm, MLP or MoE block."""
+    h = model.hidden_size
+    norms = Params(replicated=2 * _norm(model, h))
+    if not moe:
+        return norms + attention_params(model) + _mlp(model, h, model.ffn_hidden_size)
+    expert = _mlp(model, h, model.moe_ffn_hidden_size)
+    router = Params(replicated=model.num_experts * h)
+    shared = (
+        _mlp(model, h, model.moe_shared_expert_intermediate_size)
+        if model.moe_shared_expert_intermediate_size
+        else Params()
+    )
+    experts = Params(
+        expert=expert.total * model.num_experts,
+        active_expert=expert.total * model.moe_router_topk,
+    )
+    return norms + attention_params(model) + router + shared + experts
+
+
+def _attention_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of one attention layer per token (Megatron's causal accounting)."""
+    h, heads, s = model.hidden_size, model.num_attention_heads, model.seq_length
+    if model.mla is not None:
+        mla = model.mla
+        qk_width = heads * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
+        q_term = (
+            mla.q_lora_rank * (h + qk_width + 1) if mla.q_lora_rank else h * qk_width
+        )
+        kv_term = mla.kv_lora_rank * (h + heads * (mla.qk_head_dim + mla.v_head_dim) + 1)
+        terms = (
+            q_term
+            + kv_term
+            + h * mla.qk_pos_emb_head_dim
+            + heads * mla.v_head_dim * h
+            + s * qk_width / 2
+            + s * heads * mla.v_head_dim / 2
+        )
+        return 2 * terms
+    q = model.kv_channels * heads
+    kv = model.kv_channels * model.num_query_groups
+    return 2 * (h * (q + 2 * kv) + q * s + q * h)
+
+
+def _mlp_flops_per_token(model: ModelSpec, moe: bool) -> float:
+    gated = 3 if model.swiglu else 2
+    if not moe:
+        return 2 * model.hidden_size * model.ffn_hidden_size * gated
+    ffn = (
+        model.moe_ffn_hidden_size * model.moe_router_topk
+        + model.moe_shared_expert_intermediate_size
+    )
+    return 2 * model.hidden_size * ffn * gated
+
+
+def _decoder_flops_per_token(model: ModelSpec, moe: bool) -> float:
+    return _attention_flops_per_token(model) + _mlp_flops_per_token(model, moe)
+
+
+def unit_sizes(model: ModelSpec, micro_batch_size: int = 1, tp: int = 1) -> dict[str, UnitSize]:
+    """Every unit the model has, keyed by its name.
+
+    Decoder layers are one unit ``t`` when all layers are alike, else ``t_dense`` and ``t_moe``.
+    ``L`` is the output layer + loss, counted as built on the last stage: with tied embeddings
+    and PP > 1 that stage holds its own copy of the embedding matrix.
+    """
+    h = model.hidden_size
+    vocab = model.padded_vocab_size(tp)
+    tokens = micro_batch_size * model.seq_length
+    sizes: dict[str, UnitSize] = {}
+    positions = model.max_position_embeddings * h
+    sizes[EMBEDDING] = UnitSize(EMBEDDING, Params(tp_sharded=vocab * h + positions), 0.0)
+    kinds = sorted(set(model.moe_layer_pattern), reverse=True)
+    for moe in kinds:
+        name = DECODER if len(kinds) == 1 else (MOE_DECODER if moe else DENSE_DECODER)
+        sizes[name] = UnitSize(
+            name,
+            decoder_layer_params(model, moe),
+            tokens * _decoder_flops_per_token(model, moe),
+        )
+    if model.mtp_num_layers:
+        mtp_glue = Params(tp_sharded=2 * h * h, replicated=3 * _norm(model, h))
+        sizes[MTP] = UnitSize(
+            MTP,
+            decoder_layer_params(model, model.mtp_layer_is_moe) + mtp_glue,
+            tokens
+            * (_decoder_flops_per_token(model, model.mtp_layer_is_moe) + 2 * (3 * h + 2 * h * h)),
+        )
+    sizes[LOSS] = UnitSize(
+        LOSS,
+        Params(tp_sharded=vocab * h),
+        tokens * 2 * h * vocab * (model.mtp_num_layers + 1),
+    )
+    return sizes
+
+
+def decoder_unit(model: ModelSpec, layer_index: int) -> str:
+    """The unit name of decoder layer ``layer_index`` (0-based)."""
+    if len(set(model.moe_layer_pattern)) == 1:
+        return DECODER
+    return MOE_DECODER if model.moe_layer_pattern[layer_index] else DENSE_DECODER
+
+
+def final_norm_params(model: ModelSpec) -> Params:
+    return Params(replicated=_norm(model, model.hidden_size))
+
+
+@dataclass(frozen=True)
+class ParameterCount:
+    """Whole-model counts under the handbook's convention and in full."""
+
+    total: int  # embedding once, decoder layers, final norm; no MTP, no untied output layer
+    active: int  # same, with only top-k routed experts
+    mtp: int  # all MTP layers together
+    output_layer: int  # 0 when tied to the embedding
+    total_with_everything: int  # what a single-process megatron-core GPTModel holds
+
+
+def parameter_count(model: ModelSpec) -> ParameterCount:
+    sizes = unit_sizes(model)
+    body = sizes[EMBEDDING].params + final_norm_params(model)
+    for index in range(model.num_layers):
+        body = body + sizes[decoder_unit(model, index)].params
+    mtp = sizes[MTP].params.total * model.mtp_num_layers if model.mtp_num_layers else 0
+    output = sizes[LOSS].params.total if model.untie_embeddings_and_output_weights else 0
+    return ParameterCount(
+        total=body.total,
+        active=body.active,
+        mtp=mtp,
+        output_layer=output,
+        total_with_everything=body.total + mtp + output,
+    )
+
+
+def training_flops_per_iteration(model: ModelSpec, global_batch_size: int) -> float:
+    """Megatron's ``num_floating_point_operations`` for one iteration, from the unit sizes."""
+    sizes = unit_sizes(model, micro_batch_size=global_batch_size)
+    flops = sum(sizes[decoder_unit(model, i)].training_flops for i in range(model.num_layers))
+    if model.mtp_num_layers:
+        flops += sizes[MTP].training_flops * model.mtp_num_layers
+    return flops + sizes[LOSS].training_flops
+
+
+def static_memory(params: Params, parallel: ParallelConfig) -> StaticMemory:
+    """Per-GPU bytes for ``params``: dense weights split by TP and their optimizer state by DP;
+    expert weights split by EP x ETP and their optimizer state by expert-DP."""
+    dense = params.tp_sharded / parallel.tp + params.replicated
+    expert = params.expert / (parallel.ep * parallel.etp)
+    if parallel.use_distributed_optimizer:
+        optimizer = OPTIMIZER_BYTES * (dense / parallel.dp + expert / parallel.expert_dp)
+    else:
+        optimizer = OPTIMIZER_BYTES * (dense + expert)
+    return StaticMemory(
+        weights=WEIGHT_BYTES * (dense + expert),
+        gradients=GRAD_BYTES * (dense + expert),
+        optimizer=optimizer,
+    )
+
+
+@dataclass(frozen=True)
+class StageSize:
+    """What one pipeline rank holds, over all its virtual chunks."""
+
+    pp_rank: int
+    units: str  # the layout symbols of its chunks, chunks separated by '|'
+    params: Params
+    forward_flops: float
+    memory: StaticMemory
+
+
+def stage_sizes(
+    model: ModelSpec, parallel: ParallelConfig, stages: Iterable[str]
+) -> list[StageSize]:
+    """Sum unit sizes over each PP rank for a layout given as its flat list of stage strings
+    (chunk-major, as Megatron's ``--pipeline-model-parallel-layout`` lists them).
+
+    Besides the units themselves this places what Megatron builds implicitly: the decoder's final
+    norm (with the last decoder layer when MTP is on, else with the loss) and, for a rank that
+    holds MTP but not the loss (MTP standalone), its own copy of the embedding.
+    """
+    stages = list(stages)
+    sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
+    pp = parallel.pp
+    totals = [Params()] * pp
+    flops = [0.0] * pp
+    decoder_index = 0
+    for flat_index, stage in enumerate(stages):
+        rank = flat_index % pp
+        for symbol in stage:
+            if symbol == "t":
+                unit = sizes[decoder_unit(model, decoder_index)]
+                decoder_index += 1
+                if decoder_index == model.num_layers and model.mtp_num_layers:
+                    totals[rank] = totals[rank] + final_norm_params(model)
+            else:
+                unit = sizes[symbol]
+            if symbol == LOSS:
+                tied_single_stage = pp == 1 and not model.untie_embeddings_and_output_weights
+                if not model.mtp_num_layers:
+                    totals[rank] = totals[rank] + final_norm_params(model)
+                if tied_single_stage:
+                    flops[rank] += unit.forward_flops
+                    continue
+            totals[rank] = totals[rank] + unit.params
+            flops[rank] += unit.forward_flops
+    for rank in range(pp):
+        rank_symbols = "".join(stages[rank::pp])
+        if MTP in rank_symbols and LOSS not in rank_symbols and EMBEDDING not in rank_symbols:
+            totals[rank] = totals[rank] + sizes[EMBEDDING].params
+    return [
+        StageSize(
+            pp_rank=rank,
+            units="|".join(stages[rank::pp]),
+            params=totals[rank],
+            forward_flops=flops[rank],
+            memory=static_memory(totals[rank], parallel),
+        )
+        for rank in range(pp)
+    ]

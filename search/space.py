@@ -1,0 +1,138 @@
+"""Every layout Megatron accepts for a model shape, enumerated lazily and counted without
+enumeration.
+
+A valid layout is the sequence ``E t^N m^K L`` cut into PP x VPP contiguous stages, with all MTP
+layers in one stage that sits in the last virtual chunk of its rank (Megatron's rules, see
+``ray_layout.layout.validate``).  Treating ``m^K`` as one block, a layout is a choice of cut
+points between the items ``E, t_1..t_N, M, L``: the enumeration walks those choices with
+``itertools`` and the count runs a dynamic programme over (item, stage), so the two are
+independent and can check each other.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+from ray_layout.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, LayoutError
+
+
+@dataclass(frozen=True)
+class SpaceCount:
+    total: int  # layouts in the space as configured (standalone ones only if allowed)
+    standalone: int  # MTP-standalone layouts among all valid ones, allowed or not
+
+
+@dataclass(frozen=True)
+class LayoutSpace:
+    """The layouts of ``num_layers`` decoder and ``mtp_num_layers`` MTP layers on PP x VPP.
+
+    By default every stage is non-empty, E sits in stage 0 and L in the last stage (where
+    Megatron builds them whatever the string says), and MTP-standalone layouts are left out.
+    ``require_placement=False`` with empty stages allowed counts exactly what megatron-core's
+    validator accepts.
+    """
+
+    num_layers: int
+    mtp_num_layers: int
+    pp: int
+    vpp: int = 1
+    allow_empty_stages: bool = False
+    allow_standalone_mtp: bool = False
+    require_placement: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_layers < 0 or self.mtp_num_layers < 0:
+            raise LayoutError("layer counts cannot be negative")
+        if self.pp < 1 or self.vpp < 1:
+            raise LayoutError(f"PP and VPP must be >= 1, got PP={self.pp} VPP={self.vpp}")
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    @cached_property
+    def _items(self) -> tuple[str, ...]:
+        block = (MTP * self.mtp_num_layers,) if self.mtp_num_layers else ()
+        return (EMBEDDING,) + (DECODER,) * self.num_layers + block + (LOSS,)
+
+    @property
+    def _mtp_item(self) -> int | None:
+        return self.num_layers + 1 if self.mtp_num_layers else None
+
+    def _mtp_stage_allowed(self, stage: int) -> tuple[bool, bool]:
+        """(valid, standalone) for the MTP block sitting in flat stage ``stage``."""
+        valid = stage >= (self.vpp - 1) * self.pp
+        standalone = stage != self.num_stages - 1
+        return valid, standalone
+
+    # ---- counting -------------------------------------------------------------------------
+
+    def count(self) -> SpaceCount:
+        """Dynamic programme over items and stages: ways[s] = ways to have placed the items so
+        far with the latest one in stage s, split by whether M went to a standalone stage."""
+        stages, items = self.num_stages, self._items
+        placed = self.require_placement or not self.allow_empty_stages
+        first_stages = range(1) if placed else range(stages)
+        kept = [0] * stages  # ways with M (if any) in a valid, counted stage
+        alone = [0] * stages  # ways with M in a valid standalone stage
+        for s in first_stages:
+            kept[s] = 1
+        for index in range(1, len(items)):
+            new_kept, new_alone = [0] * stages, [0] * stages
+            prefix_kept = prefix_alone = 0
+            for s in range(stages):
+                if self.allow_empty_stages:
+                    prefix_kept += kept[s]
+                    prefix_alone += alone[s]
+                    reach_kept, reach_alone = prefix_kept, prefix_alone  # any earlier stage
+                else:
+                    reach_kept = kept[s] + (kept[s - 1] if s else 0)  # same or next stage
+                    reach_alone = alone[s] + (alone[s - 1] if s else 0)
+                if index == self._mtp_item:
+                    valid, standalone = self._mtp_stage_allowed(s)
+                    if valid:
+                        if standalone:
+                            new_alone[s] = reach_kept + reach_alone
+                        else:
+                            new_kept[s] = reach_kept + reach_alone
+                else:
+                    new_kept[s], new_alone[s] = reach_kept, reach_alone
+            kept, alone = new_kept, new_alone
+        last_stages = [stages - 1] if placed else range(stages)
+        total_kept = sum(kept[s] for s in last_stages)
+        total_alone = sum(alone[s] for s in last_stages)
+        total = total_kept + (total_alone if self.allow_standalone_mtp else 0)
+        return SpaceCount(total=total, standalone=total_alone)
+
+    # ---- enumeration ----------------------------------------------------------------------
+
+    def _cut_sets(self) -> Iterator[tuple[int, ...]]:
+        """Cut positions: cut c puts items[:c] before it; S-1 cuts make S stages."""
+        n, cuts = len(self._items), self.num_stages - 1
+        if not self.allow_empty_stages:
+            return itertools.combinations(range(1, n), cuts)
+        low, high = (1, n - 1) if self.require_placement else (0, n)
+        return itertools.combinations_with_replacement(range(low, high + 1), cuts)
+
+    def cut_points(self) -> Iterator[tuple[tuple[int, ...], bool]]:
+        """(cuts, mtp_standalone) for every layout of the space, lazily."""
+        mtp_item = self._mtp_item
+        for cuts in self._cut_sets():
+            standalone = False
+            if mtp_item is not None:
+                mtp_stage = sum(1 for c in cuts if c <= mtp_item)
+                valid, standalone = self._mtp_stage_allowed(mtp_stage)
+                if not valid or (standalone and not self.allow_standalone_mtp):
+                    continue
+            yield cuts, standalone
+
+    def stages_from_cuts(self, cuts: tuple[int, ...]) -> tuple[str, ...]:
+        bounds = (0, *cuts, len(self._items))
+        return tuple("".join(self._items[a:b]) for a, b in itertools.pairwise(bounds))
+
+    def __iter__(self) -> Iterator[Layout]:
+        for cuts, _ in self.cut_points():
+            yield Layout(self.stages_from_cuts(cuts), self.pp)
