@@ -156,9 +156,7 @@ def _attention_flops_per_token(model: ModelSpec) -> float:
     if model.mla is not None:
         mla = model.mla
         qk_width = heads * (mla.qk_head_dim + mla.qk_pos_emb_head_dim)
-        q_term = (
-            mla.q_lora_rank * (h + qk_width + 1) if mla.q_lora_rank else h * qk_width
-        )
+        q_term = mla.q_lora_rank * (h + qk_width + 1) if mla.q_lora_rank else h * qk_width
         kv_term = mla.kv_lora_rank * (h + heads * (mla.qk_head_dim + mla.v_head_dim) + 1)
         terms = (
             q_term
