@@ -68,7 +68,7 @@ def megatron_default(
         slots = num_layers + account_for_embedding + account_for_loss
         if slots % pp:
             counted = " + ".join(
-                ["%d decoder layers" % num_layers]
+                [f"{num_layers} decoder layers"]
                 + (["the embedding"] if account_for_embedding else [])
                 + (["the loss"] if account_for_loss else [])
             )

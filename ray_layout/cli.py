@@ -8,10 +8,11 @@ Each command is a plain function from parsed arguments to printed output; the pu
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from rich.console import Console
@@ -57,7 +58,8 @@ def _default_or_count_layout(recipe: Recipe) -> tuple[Layout, str]:
     except LayoutError as exc:
         if p.vpp > 1:
             raise
-        return count_based(m.num_layers, m.mtp_num_layers, p.pp), f"count-based rule ({exc})"
+        layout = count_based(m.num_layers, m.mtp_num_layers, p.pp)
+        return layout, f"count-based rule; {exc}"
 
 
 def _recipe_from_args(args: argparse.Namespace) -> Recipe:
@@ -73,6 +75,10 @@ def _recipe_from_args(args: argparse.Namespace) -> Recipe:
         "micro_batch_size": args.micro_batch_size,
         "global_batch_size": args.global_batch_size,
     }
+    if args.seq_length is not None:
+        if args.seq_length < 1:
+            raise ConfigError(f"--seq-length must be >= 1, got {args.seq_length}")
+        recipe = replace(recipe, model=replace(recipe.model, seq_length=args.seq_length))
     return with_parallel(recipe, **overrides)
 
 
@@ -122,9 +128,12 @@ def print_size(report: dict[str, Any], console: Console) -> None:
     p = report["parallel"]
     console.print(
         f"[bold]{report['model']}[/]: {_billions(counts['total'])} total, "
-        f"{_billions(counts['active'])} active parameters (embedding once, MTP excluded); "
-        f"MTP layers {_billions(counts['mtp'])}"
-        + (f", untied output layer {_billions(counts['output_layer'])}" if counts["output_layer"] else "")
+        f"{_billions(counts['active'])} active parameters "
+        f"({'untied output layer counted' if counts['output_layer'] else 'embedding counted once'}"
+        + (
+            f", MTP apart); MTP layers {_billions(counts['mtp'])}" if counts["mtp"] else "); no MTP"
+        ),
+        highlight=False,
     )
     console.print(
         f"TP={p['tp']} PP={p['pp']} VPP={p['vpp']} CP={p['cp']} EP={p['ep']} ETP={p['etp']} "
@@ -144,7 +153,8 @@ def print_size(report: dict[str, Any], console: Console) -> None:
             f"{row['static_memory_gib']:.2f}",
         )
     console.print(units)
-    stages = Table(title=f"Per stage of {report['layout']}  ({report['layout_source']})")
+    source, _, note = report["layout_source"].partition("; ")
+    stages = Table(title=f"Per stage of {report['layout']} ({source})", caption=note or None)
     for column in ("PP rank", "units", "params", "GFLOP fwd", "weights", "grads", "optim", "GiB"):
         stages.add_column(column, justify="right")
     for row in report["stages"]:
@@ -186,19 +196,27 @@ def cmd_layouts(args: argparse.Namespace, console: Console) -> None:
         allow_standalone_mtp=args.allow_standalone_mtp,
     )
     counted = space.count()
-    listed = [] if args.count else [str(layout) for _, layout in zip(range(args.limit), space)]
+    listed = [] if args.count else [str(layout) for layout in itertools.islice(space, args.limit)]
     if args.json:
-        payload = {"total": counted.total, "mtp_standalone": counted.standalone, "layouts": listed}
+        payload = {
+            "valid": counted.valid,
+            "mtp_standalone": counted.standalone,
+            "in_space": counted.total,
+            "layouts": listed,
+        }
         print(json.dumps(payload, indent=2))
         return
     standalone_note = (
-        "included" if args.allow_standalone_mtp else "left out; --allow-standalone-mtp adds them"
+        "kept"
+        if args.allow_standalone_mtp
+        else f"left out, {counted.total:,} remain; --allow-standalone-mtp keeps them"
     )
     console.print(
-        f"{counted.total:,} layouts for {model.num_layers} decoder + {model.mtp_num_layers} MTP "
-        f"layers on PP={args.pp} VPP={args.vpp}"
-        f"{'' if args.allow_empty_stages else ', every stage non-empty'}; "
-        f"{counted.standalone:,} MTP-standalone ({standalone_note})"
+        f"{counted.valid:,} valid layouts for {model.num_layers} decoder + "
+        f"{model.mtp_num_layers} MTP layers on PP={args.pp} VPP={args.vpp}"
+        f"{' (empty stages allowed)' if args.allow_empty_stages else ', every stage non-empty'}; "
+        f"{counted.standalone:,} of them MTP-standalone ({standalone_note})",
+        highlight=False,
     )
     for text in listed:
         console.print(text, highlight=False, markup=False)
@@ -242,6 +260,7 @@ def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
         group.add_argument(f"--{flag}", type=int, help=f"{flag.upper()} size")
     group.add_argument("--micro-batch-size", type=int)
     group.add_argument("--global-batch-size", type=int)
+    parser.add_argument("--seq-length", type=int, help="training sequence length override")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

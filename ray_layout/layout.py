@@ -105,7 +105,9 @@ def validate(layout: Layout, num_layers: int, mtp_num_layers: int) -> bool:
     if not flat:
         raise LayoutError("layout holds no layers: it needs at least E and L")
     if flat[0] != EMBEDDING:
-        raise LayoutError(f"the first layer must be the embedding E, but the layout starts {flat[0]!r}")
+        raise LayoutError(
+            f"the first layer must be the embedding E, but the layout starts {flat[0]!r}"
+        )
     if flat[-1] != LOSS:
         raise LayoutError(f"the last layer must be the loss L, but the layout ends {flat[-1]!r}")
     if flat.count(EMBEDDING) != 1:

@@ -84,7 +84,10 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Parallel sizes and batch shape of one run. dp=0 means "derive from world_size"."""
+    """Parallel sizes and batch shape of one run (global_batch_size 0: not given).
+
+    ``etp`` defaults to 1, as MoE recipes set it; Megatron's own default is TP.
+    """
 
     tp: int = 1
     pp: int = 1
@@ -119,11 +122,11 @@ class Recipe:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
-MODEL_KEYS = frozenset(
-    f.name for f in fields(ModelSpec) if f.name not in {"moe_layer_pattern", "mla"}
-) | {"moe_layer_freq", "group_query_attention", "multi_latent_attention"} | {
-    f.name for f in fields(MLAConfig)
-}
+MODEL_KEYS = (
+    frozenset(f.name for f in fields(ModelSpec) if f.name not in {"moe_layer_pattern", "mla"})
+    | {"moe_layer_freq", "group_query_attention", "multi_latent_attention"}
+    | {f.name for f in fields(MLAConfig)}
+)
 PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
 
 
@@ -139,6 +142,8 @@ def parse_moe_layer_freq(value: int | str | list[int], num_layers: int) -> tuple
         if value < 1:
             raise ConfigError(f"moe_layer_freq must be >= 1, got {value}")
         return tuple(i % value == 0 for i in range(num_layers))
+    if not isinstance(value, str | list | tuple):
+        raise ConfigError(f"moe_layer_freq must be an int or a list, got {value!r}")
     pattern = _list_expression(value) if isinstance(value, str) else list(value)
     if isinstance(pattern, int):
         return parse_moe_layer_freq(pattern, num_layers)
@@ -155,12 +160,14 @@ _MAX_PATTERN_LENGTH = 100_000
 
 
 def _list_expression(text: str) -> list[int] | int:
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
-        raise ConfigError(f"moe_layer_freq {text!r} is not an int or a list expression") from None
-
     def value(node: ast.AST) -> list[int] | int:
+        result = operation(node)
+        # Bounding every intermediate keeps hostile input from allocating (or printing) huge values.
+        if (len(result) if isinstance(result, list) else result) > _MAX_PATTERN_LENGTH:
+            raise ConfigError(f"moe_layer_freq {text!r} is too large")
+        return result
+
+    def operation(node: ast.AST) -> list[int] | int:
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return node.value
         if isinstance(node, ast.List):
@@ -180,11 +187,14 @@ def _list_expression(text: str) -> list[int] | int:
                     return items * times
                 if isinstance(items, int) and isinstance(times, int):
                     return items * times
-        raise ConfigError(
-            f"moe_layer_freq {text!r}: only integers, lists, '+' and '*' are allowed"
-        )
+        raise ConfigError(f"moe_layer_freq {text!r}: only integers, lists, '+' and '*' are allowed")
 
-    return value(tree.body)
+    try:
+        return value(ast.parse(text.strip(), mode="eval").body)
+    except SyntaxError:
+        raise ConfigError(f"moe_layer_freq {text!r} is not an int or a list expression") from None
+    except RecursionError:
+        raise ConfigError(f"moe_layer_freq {text!r} is nested too deeply") from None
 
 
 def _take(raw: dict[str, Any], key: str, kind: type, default: Any = None, *, source: str) -> Any:
@@ -243,7 +253,9 @@ def build_recipe(
         )
     normalization = _take(raw, "normalization", str, "RMSNorm", source=source)
     if normalization not in ("LayerNorm", "RMSNorm"):
-        raise ConfigError(f"{source}: normalization must be LayerNorm or RMSNorm, not {normalization}")
+        raise ConfigError(
+            f"{source}: normalization must be LayerNorm or RMSNorm, not {normalization}"
+        )
     position = _take(raw, "position_embedding_type", str, "rope", source=source)
     if position not in ("rope", "learned_absolute", "none"):
         raise ConfigError(f"{source}: unknown position_embedding_type {position}")
@@ -268,7 +280,8 @@ def build_recipe(
                 f"{source}: moe_router_topk {topk} must be between 1 and num_experts {num_experts}"
             )
         shared = _take(raw, "moe_shared_expert_intermediate_size", int, 0, source=source)
-        pattern = parse_moe_layer_freq(raw.get("moe_layer_freq", 1), num_layers)
+        freq = raw.get("moe_layer_freq")
+        pattern = parse_moe_layer_freq(1 if freq is None else freq, num_layers)
     else:
         moe_only = [
             k

@@ -237,10 +237,11 @@ def final_norm_params(model: ModelSpec) -> Params:
 
 @dataclass(frozen=True)
 class ParameterCount:
-    """Whole-model counts under the handbook's convention and in full."""
+    """Whole-model counts under the convention model cards use (the handbook's 6.86B, DeepSeek-V3's
+    671B): a tied embedding counted once, an untied output layer counted, MTP layers apart."""
 
-    total: int  # embedding once, decoder layers, final norm; no MTP, no untied output layer
-    active: int  # same, with only top-k routed experts
+    total: int  # embedding, decoder layers, final norm, untied output layer; no MTP
+    active: int  # same, with only the top-k routed experts
     mtp: int  # all MTP layers together
     output_layer: int  # 0 when tied to the embedding
     total_with_everything: int  # what a single-process megatron-core GPTModel holds
@@ -248,17 +249,17 @@ class ParameterCount:
 
 def parameter_count(model: ModelSpec) -> ParameterCount:
     sizes = unit_sizes(model)
-    body = sizes[EMBEDDING].params + final_norm_params(model)
+    output = sizes[LOSS].params if model.untie_embeddings_and_output_weights else Params()
+    body = sizes[EMBEDDING].params + final_norm_params(model) + output
     for index in range(model.num_layers):
         body = body + sizes[decoder_unit(model, index)].params
     mtp = sizes[MTP].params.total * model.mtp_num_layers if model.mtp_num_layers else 0
-    output = sizes[LOSS].params.total if model.untie_embeddings_and_output_weights else 0
     return ParameterCount(
         total=body.total,
         active=body.active,
         mtp=mtp,
-        output_layer=output,
-        total_with_everything=body.total + mtp + output,
+        output_layer=output.total,
+        total_with_everything=body.total + mtp,
     )
 
 

@@ -21,8 +21,10 @@ from ray_layout.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, LayoutError
 
 @dataclass(frozen=True)
 class SpaceCount:
-    total: int  # layouts in the space as configured (standalone ones only if allowed)
-    standalone: int  # MTP-standalone layouts among all valid ones, allowed or not
+    valid: int  # layouts Megatron accepts under the space's stage rules, standalone included
+    standalone: int  # MTP-standalone layouts among them
+
+    total: int  # what the space enumerates: valid, less standalone unless they are allowed
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class LayoutSpace:
         total_kept = sum(kept[s] for s in last_stages)
         total_alone = sum(alone[s] for s in last_stages)
         total = total_kept + (total_alone if self.allow_standalone_mtp else 0)
-        return SpaceCount(total=total, standalone=total_alone)
+        return SpaceCount(valid=total_kept + total_alone, standalone=total_alone, total=total)
 
     # ---- enumeration ----------------------------------------------------------------------
 

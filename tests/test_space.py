@@ -63,9 +63,7 @@ def test_enumeration_is_exactly_what_megatron_accepts(layers, mtp, pp, vpp):
     assert widest.count().standalone == len(standalone)
 
     default = LayoutSpace(layers, mtp, pp, vpp)
-    expected = {
-        s for s in oracle - standalone if all(s) and not placement_problems(Layout(s, pp))
-    }
+    expected = {s for s in oracle - standalone if all(s) and not placement_problems(Layout(s, pp))}
     assert {layout.stages for layout in default} == expected
     assert default.count().total == len(expected)
 

@@ -1,0 +1,214 @@
+"""Load a Hugging Face ``config.json`` of a (MoE) causal LM as the model Megatron would build.
+
+Each supported ``model_type`` names its experts, expert FFN and dense/MoE layer split with its own
+keys; they are mapped onto Megatron's argument names and go through ``build_recipe`` like every
+other loader.  What the modeling code hard-wires instead of configuring is filled in per family:
+RMSNorm, gated MLPs (SwiGLU for ``hidden_act: silu``), rotary positions, Qwen2's q/k/v bias, and
+QK norm for Qwen3, OLMoE and DeepSeek's MLA (its q/kv latent norms are Megatron's qk_layernorm).
+
+The vocabulary is padded as Megatron pads it (``make_vocab_size_divisible_by`` 128, Megatron's
+default): a checkpoint converted to Megatron carries that padding, so memory and FLOPs follow it.
+The HF ``vocab_size`` of these models is already a multiple of 128; with TP > 1 Megatron pads
+further to a multiple of 128 x TP, which a divisor of 1 would hide.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from ray_layout.model import ConfigError, Recipe, build_recipe
+
+DEFAULT_SEQ_LENGTH = 4096
+_QK_LAYERNORM = frozenset({"deepseek_v2", "deepseek_v3", "olmoe", "qwen3", "qwen3_moe"})
+_QKV_BIAS = frozenset({"qwen2", "qwen2_moe"})
+
+
+def load_hf_config(
+    config: str | Path | Mapping[str, Any],
+    *,
+    source: str | None = None,
+    seq_length: int | None = None,
+) -> Recipe:
+    """A recipe (default parallel sizes) from a ``config.json`` path or its parsed mapping.
+
+    ``seq_length`` is the training sequence length, which a ``config.json`` does not record; it
+    defaults to 4096 (the pretraining length of these models), capped by
+    ``max_position_embeddings``.
+    """
+    raw, name, source = _read(config, source)
+    model_type = raw.get("model_type")
+    family = _FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        supported = ", ".join(sorted(_FAMILIES))
+        raise ConfigError(f"{source}: model_type {model_type!r} is not supported ({supported})")
+    hidden_act = raw.get("hidden_act", "silu")
+    if hidden_act not in ("silu", "swish"):
+        raise ConfigError(
+            f"{source}: hidden_act {hidden_act!r} is not supported; Megatron's gated MLP is SwiGLU "
+            "(silu)"
+        )
+    tied = raw.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ConfigError(f"{source}: tie_word_embeddings must be true or false, got {tied!r}")
+    if seq_length is None:
+        seq_length = min(DEFAULT_SEQ_LENGTH, _int(raw, "max_position_embeddings", source))
+    heads = _int(raw, "num_attention_heads", source)
+    model = {
+        "name": name,
+        "num_layers": _int(raw, "num_hidden_layers", source),
+        "hidden_size": _int(raw, "hidden_size", source),
+        "num_attention_heads": heads,
+        "group_query_attention": True,
+        "num_query_groups": _int(raw, "num_key_value_heads", source, default=heads),
+        "kv_channels": _optional_int(raw, "head_dim", source),
+        "ffn_hidden_size": _int(raw, "intermediate_size", source),
+        "vocab_size": _int(raw, "vocab_size", source),
+        "make_vocab_size_divisible_by": 128,
+        "seq_length": seq_length,
+        "swiglu": True,
+        "normalization": "RMSNorm",
+        "position_embedding_type": "rope",
+        "add_bias_linear": False,
+        "add_qkv_bias": model_type in _QKV_BIAS,
+        "qk_layernorm": model_type in _QK_LAYERNORM,
+        "untie_embeddings_and_output_weights": not tied,
+    }
+    model |= family(raw, model["num_layers"], source)
+    return build_recipe(model, source=source)
+
+
+def _read(
+    config: str | Path | Mapping[str, Any], source: str | None
+) -> tuple[dict[str, Any], str, str]:
+    """(the config, the model's name, the source for messages)."""
+    if isinstance(config, Mapping):
+        raw = dict(config)
+        return raw, _name(raw, str(raw.get("model_type", "model"))), source or "Hugging Face config"
+    path = Path(config)
+    source = source or str(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object of config keys")
+    folder = path.parent.name if path.name == "config.json" else ""
+    return raw, _name(raw, folder or path.stem), source
+
+
+def _name(raw: dict[str, Any], fallback: str) -> str:
+    """The repository name from ``_name_or_path`` (``org/Model`` -> ``Model``), else ``fallback``:
+    the folder that holds config.json, the file's stem, or the model type."""
+    named = raw.get("_name_or_path")
+    if isinstance(named, str) and named.strip("/"):
+        return named.rstrip("/").rsplit("/", 1)[-1]
+    return fallback
+
+
+def _optional_int(raw: dict[str, Any], key: str, source: str, minimum: int = 1) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if type(value) is not int:
+        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{source}: {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _int(
+    raw: dict[str, Any], key: str, source: str, default: int | None = None, minimum: int = 1
+) -> int:
+    """``raw[key]`` checked; a missing key takes ``default`` or, without one, is an error."""
+    value = _optional_int(raw, key, source, minimum)
+    if value is None and default is None:
+        raise ConfigError(f"{source}: missing key {key}")
+    return default if value is None else value
+
+
+def _experts(raw: dict[str, Any], experts_key: str, ffn_key: str, source: str) -> dict[str, int]:
+    experts = _int(raw, experts_key, source)
+    topk = _int(raw, "num_experts_per_tok", source)
+    if topk > experts:
+        raise ConfigError(
+            f"{source}: num_experts_per_tok {topk} is more than {experts_key} {experts}"
+        )
+    return {
+        "num_experts": experts,
+        "moe_router_topk": topk,
+        "moe_ffn_hidden_size": _int(raw, ffn_key, source),
+    }
+
+
+def _deepseek(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
+    """DeepSeek-V2/V3: MLA, MTP, and routed plus shared experts after the first dense layers.
+
+    Layer i is MoE when ``i >= first_k_dense_replace and i % moe_layer_freq == 0`` (DeepSeek's
+    modeling code); the shared experts form one FFN of ``n_shared_experts`` expert widths.
+    """
+    fields: dict[str, Any] = {
+        "multi_latent_attention": True,
+        "q_lora_rank": _optional_int(raw, "q_lora_rank", source),
+        "kv_lora_rank": _int(raw, "kv_lora_rank", source),
+        "qk_head_dim": _int(raw, "qk_nope_head_dim", source),
+        "qk_pos_emb_head_dim": _int(raw, "qk_rope_head_dim", source),
+        "v_head_dim": _int(raw, "v_head_dim", source),
+        "mtp_num_layers": _int(raw, "num_nextn_predict_layers", source, default=0, minimum=0),
+    }
+    if raw.get("n_routed_experts") is None:  # a dense DeepSeek
+        return fields
+    fields |= _experts(raw, "n_routed_experts", "moe_intermediate_size", source)
+    shared = _int(raw, "n_shared_experts", source, default=0, minimum=0)
+    first_dense = _int(raw, "first_k_dense_replace", source, default=0, minimum=0)
+    every = _int(raw, "moe_layer_freq", source, default=1)
+    fields["moe_shared_expert_intermediate_size"] = shared * fields["moe_ffn_hidden_size"]
+    fields["moe_layer_freq"] = [int(i >= first_dense and i % every == 0) for i in range(num_layers)]
+    return fields
+
+
+def _qwen_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
+    """Qwen2-MoE / Qwen3-MoE: layer i is MoE when ``(i + 1) % decoder_sparse_step == 0`` and i is
+    not in ``mlp_only_layers``; Qwen2-MoE adds a shared expert of its own width."""
+    fields: dict[str, Any] = _experts(raw, "num_experts", "moe_intermediate_size", source)
+    step = _int(raw, "decoder_sparse_step", source, default=1)
+    dense = raw.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(type(i) is int for i in dense):
+        raise ConfigError(f"{source}: mlp_only_layers must be a list of layer indices")
+    fields["moe_shared_expert_intermediate_size"] = _int(
+        raw, "shared_expert_intermediate_size", source, default=0, minimum=0
+    )
+    fields["moe_layer_freq"] = [
+        int(i not in dense and (i + 1) % step == 0) for i in range(num_layers)
+    ]
+    return fields
+
+
+def _every_layer_moe(
+    raw: dict[str, Any], num_layers: int, source: str, *, experts_key: str
+) -> dict[str, Any]:
+    """Mixtral / OLMoE: every layer is MoE and ``intermediate_size`` is the expert FFN."""
+    return _experts(raw, experts_key, "intermediate_size", source)
+
+
+def _dense(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
+    return {}
+
+
+_FAMILIES: dict[str, Callable[[dict[str, Any], int, str], dict[str, Any]]] = {
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+    "qwen2_moe": _qwen_moe,
+    "qwen3_moe": _qwen_moe,
+    "mixtral": partial(_every_layer_moe, experts_key="num_local_experts"),
+    "olmoe": partial(_every_layer_moe, experts_key="num_experts"),
+    "llama": _dense,
+    "mistral": _dense,
+    "qwen2": _dense,
+    "qwen3": _dense,
+}

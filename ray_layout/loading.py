@@ -1,0 +1,39 @@
+"""One entry point for every kind of CONFIG: this project's YAML/JSON, a Hugging Face config.json,
+a Megatron launch script, or a Megatron command line given as text."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ray_layout.hf_config import load_hf_config
+from ray_layout.megatron_args import load_megatron_command_line, load_megatron_script
+from ray_layout.model import ConfigError, Recipe, load_recipe_file
+
+
+def load_recipe(source: str) -> Recipe:
+    """Dispatch on what ``source`` is: a file by its suffix (and, for .json, by its keys), else the
+    text of a Megatron command line."""
+    if os.path.isfile(source):  # unlike Path.is_file, never raises on a long command line
+        path = Path(source)
+        suffix = path.suffix.lower()
+        if suffix in (".yaml", ".yml"):
+            return load_recipe_file(path)
+        if suffix == ".json":
+            return load_hf_config(path) if _is_hf_config(path) else load_recipe_file(path)
+        return load_megatron_script(path)
+    if "--num-layers" in source:
+        return load_megatron_command_line(source)
+    raise ConfigError(
+        f"cannot read CONFIG {source!r}: not a file, nor a Megatron command line (no --num-layers)"
+    )
+
+
+def _is_hf_config(path: Path) -> bool:
+    """Hugging Face configs carry ``model_type`` or ``architectures``; this project's never do."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False  # load_recipe_file reports it
+    return isinstance(raw, dict) and ("model_type" in raw or "architectures" in raw)

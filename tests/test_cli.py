@@ -1,0 +1,112 @@
+"""The command line as a user meets it: output, --json, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ray_layout.cli import main
+
+HANDBOOK = "configs/handbook_7b_a1b.yaml"
+DEEPSEEK = "tests/data/hf/DeepSeek-V3/config.json"
+
+
+def run_json(capsys, *argv: str) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_size_prints_the_handbook_counts(capsys):
+    assert main(["size", HANDBOOK, "--pp", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "6.86B total, 1.22B active" in out
+    assert "MTP layers 0.42B" in out
+    assert "Et*4|t*4|t*4|t*4mL" in out and "Megatron default" in out
+
+
+def test_size_json_has_units_and_default_stages(capsys):
+    report = run_json(capsys, "size", HANDBOOK, "--pp", "4", "--ep", "4", "--dp", "4")
+    assert report["parallel"]["ep"] == 4 and report["parallel"]["dp"] == 4
+    assert [u["unit"] for u in report["units"]] == ["E", "t", "m", "L"]
+    assert [s["units"] for s in report["stages"]] == ["Etttt", "tttt", "tttt", "ttttmL"]
+    last, middle = report["stages"][3], report["stages"][1]
+    assert last["forward_gflops_per_microbatch"] > 3 * middle["forward_gflops_per_microbatch"]
+
+
+def test_size_of_a_given_layout_and_of_a_model_without_default(capsys):
+    report = run_json(capsys, "size", HANDBOOK, "--pp", "4", "--layout", "Et*5|t*6|t*5|mL")
+    assert report["layout"] == "Et*5|t*6|t*5|mL" and report["layout_source"] == "given"
+    report = run_json(capsys, "size", DEEPSEEK, "--pp", "16", "--ep", "8", "--dp", "8")
+    assert report["layout_source"].startswith("count-based rule")
+    assert round(report["parameters"]["total"] / 1e9) == 671
+
+
+def test_layouts_count_and_list(capsys):
+    counted = run_json(capsys, "layouts", HANDBOOK, "--pp", "4", "--count")
+    assert counted == {"valid": 816, "mtp_standalone": 136, "in_space": 680, "layouts": []}
+    listed = run_json(capsys, "layouts", HANDBOOK, "--pp", "4", "--limit", "1000")
+    assert len(listed["layouts"]) == 680 and "Et*5|t*6|t*5|mL" in listed["layouts"]
+    wide = run_json(
+        capsys, "layouts", HANDBOOK, "--pp", "4", "--allow-empty-stages",
+        "--allow-standalone-mtp", "--count",
+    )  # fmt: skip
+    assert wide["in_space"] == 1140
+
+
+def test_validate_reports_standalone_and_placement(capsys):
+    report = run_json(capsys, "validate", "Et*3|(tt|)*29,m|L", "--pp", "16",
+                      "--num-layers", "61", "--mtp-layers", "1")  # fmt: skip
+    assert report["vpp"] == 2 and report["mtp_standalone"] is True
+    assert report["layout"] == "Et*3|(tt|)*29m|L"
+    report = run_json(capsys, "validate", "|Et|t|L", "--pp", "4", "--num-layers", "2")
+    assert report["warnings"] and "E is not in stage 0" in report["warnings"][0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["validate", "Et*4|t*4|t*4|t*4L", "--pp", "4", "--num-layers", "16",
+          "--mtp-layers", "1"], "0 MTP layers m, the model has 1"),
+        (["validate", "Etx|L", "--pp", "2", "--num-layers", "1"], "invalid symbol 'x'"),
+        (["validate", "Ett|tt|tt|ttL", "--pp", "2", "--num-layers", "8"], "needs PP > 2"),
+        (["size", "no/such/file.yaml"], "cannot read"),
+        (["size", HANDBOOK, "--tp", "3"], "not divisible by TP 3"),
+        (["size", HANDBOOK, "--pp", "4", "--layout", "Et*4|t*4|t*4|t*4L"], "MTP layers"),
+        (["layouts", HANDBOOK, "--pp", "0"], "must be >= 1"),
+        (["layouts", HANDBOOK], "required: --pp"),
+        (["size", HANDBOOK, "--pp", "four"], "invalid int value"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exited:
+        raise SystemExit(main(argv))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_module_entry_point_runs_as_a_user_would():
+    done = subprocess.run(
+        [sys.executable, "-m", "ray_layout", "validate", "Et*5|t*6|t*5|mL", "--pp", "4",
+         "--num-layers", "16", "--mtp-layers", "1"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "valid: Megatron accepts" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "ray_layout", "size", "tests/data/train_moe_16l.sh", "--tp", "5"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_seq_length_override_scales_attention_flops(capsys):
+    short = run_json(capsys, "size", HANDBOOK, "--seq-length", "1024")
+    long = run_json(capsys, "size", HANDBOOK, "--seq-length", "2048")
+    assert long["units"][1]["forward_gflops_per_microbatch"] > (
+        2 * short["units"][1]["forward_gflops_per_microbatch"]
+    )

@@ -1,0 +1,251 @@
+"""Megatron command lines and scripts: bash expansion, argparse rules, Megatron's defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ray_layout.megatron_args import (
+    load_megatron_command_line,
+    load_megatron_script,
+    megatron_flag_table,
+)
+from ray_layout.model import ConfigError, MLAConfig, ModelSpec, ParallelConfig
+
+DATA = Path(__file__).parent / "data"
+BASE = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --vocab-size 1000"
+
+
+def load(extra: str = "", prefix: str = "") -> tuple[ModelSpec, ParallelConfig]:
+    recipe = load_megatron_command_line(f"{prefix} {BASE} {extra}")
+    return recipe.model, recipe.parallel
+
+
+def test_launch_script_fixture():
+    recipe = load_megatron_script(DATA / "train_moe_16l.sh")
+    assert recipe.model == ModelSpec(
+        name="train_moe_16l",
+        num_layers=16,  # not the commented-out 24
+        hidden_size=2048,
+        num_attention_heads=32,
+        ffn_hidden_size=6144,
+        num_query_groups=4,
+        kv_channels=128,
+        seq_length=4096,
+        vocab_size=151936,
+        make_vocab_size_divisible_by=128,
+        swiglu=True,
+        normalization="RMSNorm",
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        qk_layernorm=True,
+        position_embedding_type="rope",
+        max_position_embeddings=0,
+        untie_embeddings_and_output_weights=True,
+        num_experts=64,
+        moe_ffn_hidden_size=768,
+        moe_router_topk=8,
+        moe_shared_expert_intermediate_size=1536,
+        moe_layer_pattern=(False,) * 2 + (True,) * 14,
+        mtp_num_layers=1,
+        mla=None,
+    )
+    # torchrun: 8 processes x 2 nodes = 16 = TP 2 x PP 4 x DP 2
+    assert recipe.parallel == ParallelConfig(
+        tp=2,
+        pp=4,
+        vpp=2,
+        cp=1,
+        ep=4,
+        etp=1,
+        dp=2,
+        micro_batch_size=1,
+        global_batch_size=256,
+        use_distributed_optimizer=True,
+    )
+
+
+def test_megatron_defaults_differ_from_this_projects():
+    model, parallel = load()
+    assert model.name == "megatron-cmdline"
+    assert model.swiglu is False
+    assert model.normalization == "LayerNorm"
+    assert model.add_bias_linear is True
+    assert model.position_embedding_type == "learned_absolute"
+    assert model.max_position_embeddings == 512  # Megatron: defaults to seq_length
+    assert model.ffn_hidden_size == 4 * 256
+    assert model.num_query_groups == 8
+    assert parallel == ParallelConfig(use_distributed_optimizer=False)
+
+
+def test_switches_and_equals_form():
+    model, parallel = load(
+        "--swiglu --disable-bias-linear --add-qkv-bias --qk-layernorm "
+        "--untie-embeddings-and-output-weights --normalization=RMSNorm "
+        "--position-embedding-type=rope --make-vocab-size-divisible-by=64 "
+        "--use-distributed-optimizer --micro-batch-size=2 --global-batch-size 32"
+    )
+    assert model.swiglu and model.add_qkv_bias and model.qk_layernorm
+    assert not model.add_bias_linear
+    assert model.untie_embeddings_and_output_weights
+    assert (model.normalization, model.position_embedding_type) == ("RMSNorm", "rope")
+    assert model.make_vocab_size_divisible_by == 64
+    assert parallel.use_distributed_optimizer
+    assert (parallel.micro_batch_size, parallel.global_batch_size) == (2, 32)
+
+
+def test_query_groups_need_group_query_attention_as_in_megatron():
+    assert load("--num-query-groups 2")[0].num_query_groups == 8
+    assert load("--group-query-attention --num-query-groups 2")[0].num_query_groups == 2
+    assert load("--group-query-attention")[0].num_query_groups == 1  # Megatron's default
+
+
+def test_mla_takes_megatron_defaults_for_unset_dims():
+    model, _ = load("--multi-latent-attention --position-embedding-type rope --q-lora-rank 64")
+    assert model.mla == MLAConfig(
+        q_lora_rank=64, kv_lora_rank=32, qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128
+    )
+
+
+def test_moe_flags_and_int_layer_freq():
+    model, parallel = load(
+        "--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 128 --moe-layer-freq 2 "
+        "--expert-model-parallel-size 2 --expert-tensor-parallel-size 1"
+    )
+    assert model.moe_layer_pattern == (True, False, True, False)
+    assert (model.num_experts, model.moe_router_topk, model.moe_ffn_hidden_size) == (8, 2, 128)
+    assert (parallel.ep, parallel.etp) == (2, 1)
+
+
+def test_expert_tp_defaults_to_tp():
+    assert load("--tensor-model-parallel-size 2")[1].etp == 2
+
+
+def test_unknown_world_takes_the_smallest_dp_the_experts_allow():
+    _, parallel = load(
+        "--num-experts 8 --expert-model-parallel-size 8 --expert-tensor-parallel-size 1 "
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"
+    )
+    assert parallel.dp == 4  # TP 2 x DP 4 = ETP 1 x EP 8
+
+
+def test_torchrun_sets_dp():
+    prefix = "torchrun --nproc_per_node=8 --nnodes 2 --master_addr host pretrain_gpt.py"
+    _, parallel = load("--tensor-model-parallel-size 2 --context-parallel-size 2", prefix)
+    assert parallel.dp == 4
+
+
+def test_virtual_stages_from_layers_per_virtual_stage():
+    extra = "--pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1"
+    assert load(extra)[1].vpp == 2
+
+
+def test_only_words_after_the_script_are_megatron_flags():
+    prefix = "CUDA_DEVICE_MAX_CONNECTIONS=1 torchrun --rdzv-backend c10d scripts/pretrain_gpt.py"
+    assert load("", prefix)[0].num_layers == 4
+
+
+def test_typed_lists_switch_pairs_and_stray_words_parse():
+    model, _ = load(
+        "--data-path 0.3 /data/a 0.7 /data/b --lr 1e-4 --recompute-modules core_attn mlp "
+        "--no-rl-skip-bos-token --moe-router-load-balancing-type aux_loss seq_aux_loss "
+        "--rampup-batch-size 16 16 1000 --attention-backend flash 2>&1"
+    )
+    assert model.num_layers == 4
+
+
+def test_variables_strings_arrays_and_defaults_expand():
+    script = """
+    LAYERS=4
+    export HIDDEN=256
+    SIZES="--num-attention-heads 8"
+    SIZES+=" --seq-length ${SEQ:-512}"
+    ARGS=(--num-layers $LAYERS)
+    ARGS+=( --hidden-size ${HIDDEN} )
+    EMPTY=""
+    echo "start"; python pretrain_gpt.py "${ARGS[@]}" $SIZES --vocab-size ${EMPTY:-1000} > log &
+    """
+    model = load_megatron_command_line(script).model
+    assert (model.num_layers, model.hidden_size, model.num_attention_heads) == (4, 256, 8)
+    assert (model.seq_length, model.vocab_size) == (512, 1000)
+
+
+def test_comment_ends_a_continued_command_as_in_bash():
+    script = f"python pretrain_gpt.py {BASE} \\\n  # --swiglu \\\n  --qk-layernorm\n"
+    model = load_megatron_command_line(script).model
+    assert not model.swiglu and not model.qk_layernorm
+
+
+def test_flag_table_is_cached_and_complete():
+    table = megatron_flag_table()
+    assert table is megatron_flag_table()
+    assert table["--disable-bias-linear"]["dest"] == "add_bias_linear"
+    assert table["--num-virtual-stages-per-pipeline-rank"]["type"] == "int"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"{BASE} --num-expertz 8", "unknown Megatron flag --num-expertz"),
+        (
+            f"torchrun --nproc_per_node 8 pretrain_gpt.py {BASE} --tp 2",
+            "unknown Megatron flag --tp",
+        ),
+        (BASE.replace("4", "$LAYERS", 1), "--num-layers uses $LAYERS"),
+        ("L=$((2*2))\n" + BASE.replace("4", "${L}", 1), "--num-layers uses $L"),
+        (BASE.replace("4", "$(cat layers)", 1), "--num-layers uses $(...)"),
+        (
+            "ARGS=(--num-layers $(( 2 * 2 )))\npython pretrain_gpt.py ${ARGS[@]} "
+            + BASE.replace("--num-layers 4", ""),
+            "--num-layers uses $(...)",
+        ),
+        (f"{BASE} --tensor-model-parallel-size 0", "--tensor-model-parallel-size must be >= 1"),
+        (BASE.replace("256", "big"), "--hidden-size needs a value of type int, got 'big'"),
+        (f"{BASE} --normalization BatchNorm", "--normalization must be one of LayerNorm, RMSNorm"),
+        (f"{BASE} --seq-length", "--seq-length expects 1 value, got 0"),
+        (f"{BASE} --rampup-batch-size 1 2", "--rampup-batch-size expects 3 values, got 2"),
+        (f"{BASE} --swiglu=true", "--swiglu takes no value"),
+        (BASE.replace("--num-layers 4", ""), "has no --num-layers"),
+        (
+            BASE.replace("--vocab-size 1000", "--tokenizer-type HuggingFaceTokenizer"),
+            "vocab size is needed: add --vocab-size N (Megatron reads it from the "
+            "HuggingFaceTokenizer",
+        ),
+        (
+            f"torchrun --nnodes=1:4 pretrain_gpt.py {BASE}",
+            "torchrun --nnodes '1:4' is not a fixed count",
+        ),
+        (f"torchrun --nproc_per_node $GPUS pretrain_gpt.py {BASE}", "--nproc_per_node uses $GPUS"),
+        (
+            f"torchrun --nproc_per_node 6 pretrain_gpt.py {BASE} --pipeline-model-parallel-size 4",
+            "world size 6 is not divisible by TP·CP·PP = 4",
+        ),
+        (
+            f"{BASE} --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 3",
+            "does not evenly split 4 layers over 2 pipeline stages",
+        ),
+        (
+            f"{BASE} --num-layers-per-virtual-pipeline-stage 1 "
+            "--num-virtual-stages-per-pipeline-rank 2",
+            "set only one of --num-layers-per-virtual-pipeline-stage",
+        ),
+        ("ARGS=(--num-layers 4\n", "a '(' is never closed"),
+        ('python pretrain_gpt.py --split "99,1', "a quotation is never closed"),
+    ],
+)
+def test_errors_name_the_problem(text, message):
+    with pytest.raises(ConfigError) as info:
+        load_megatron_command_line(text)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unresolved_variable_of_an_unused_flag_is_fine():
+    model, _ = load("--save $CKPT/run --lr $LR --data-path $DATA")
+    assert model.num_layers == 4
+
+
+def test_missing_script_file():
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_megatron_script(DATA / "no_such_script.sh")
