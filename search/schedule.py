@@ -1,0 +1,442 @@
+"""Megatron's pipeline schedules, simulated: 1F1B and interleaved, with blocking p2p.
+
+Two steps, so that the expensive one runs once:
+
+1. :func:`compile_schedule` turns (PP, VPP, micro-batches, group size) into a *program*: every
+   rank's forward/backward computations and batched p2p calls in the order Megatron issues them
+   (``schedules.py``, ``forward_backward_pipelining_without_interleaving`` and ``..._with_
+   interleaving`` with ``overlap_p2p_comm`` off), each send paired with the receive it meets
+   (NCCL matches the k-th send from a rank to a peer with the k-th receive posted there), and a
+   topological order of all of it.  Nothing here depends on the layout.
+2. :func:`simulate` evaluates a program for a batch of duration sets at once (layouts x Monte
+   Carlo samples) with numpy: a compute op ends ``duration`` after the rank's previous op; a p2p
+   call ends when every transfer in it is done, a transfer starting when both its calls have been
+   posted (a combined send/receive completes only when both partners reach it).
+
+The step then adds each rank's tail: data-parallel gradient sync and the optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+
+FORWARD, BACKWARD = "F", "B"
+SEND_NEXT, SEND_PREV, RECV_PREV, RECV_NEXT = "send_next", "send_prev", "recv_prev", "recv_next"
+
+
+@dataclass(frozen=True)
+class Compute:
+    """A forward or backward of one micro-batch through one virtual chunk."""
+
+    kind: str  # FORWARD or BACKWARD
+    microbatch: int
+    chunk: int
+
+
+@dataclass(frozen=True)
+class P2PCall:
+    """One batched p2p call of a rank; ``transfers`` lists its sends and receives."""
+
+    name: str  # Megatron's function, e.g. send_forward_recv_backward
+    transfers: tuple[str, ...]
+
+
+Op = Compute | P2PCall
+
+
+def _check_sizes(pp: int, vpp: int, num_microbatches: int, group_size: int) -> None:
+    if pp < 1 or vpp < 1 or num_microbatches < 1:
+        raise ValueError(f"PP, VPP and micro-batches must be >= 1 ({pp=}, {vpp=})")
+    if vpp > 1:
+        if pp < 2:
+            raise ValueError("the interleaved schedule needs PP > 1")
+        if group_size < pp:
+            raise ValueError(f"micro-batch group size {group_size} must be >= PP={pp}")
+        if num_microbatches < pp or (
+            num_microbatches % group_size and num_microbatches < group_size
+        ):
+            raise ValueError(
+                f"interleaving needs micro-batches ({num_microbatches}) >= PP ({pp})"
+            )
+
+
+def _call(name: str, *transfers: str | None) -> P2PCall | None:
+    kept = tuple(t for t in transfers if t)
+    return P2PCall(name, kept) if kept else None
+
+
+def one_f_one_b_ops(pp: int, rank: int, num_microbatches: int) -> list[Op]:
+    """``forward_backward_pipelining_without_interleaving`` for one rank."""
+    first, last = rank == 0, rank == pp - 1
+    warmup = min(pp - rank - 1, num_microbatches)
+    remaining = num_microbatches - warmup
+    ops: list[Op | None] = []
+    for i in range(warmup):
+        ops += [
+            _call("recv_forward", None if first else RECV_PREV),
+            Compute(FORWARD, i, 0),
+            _call("send_forward", None if last else SEND_NEXT),
+        ]
+    if remaining:
+        ops.append(_call("recv_forward", None if first else RECV_PREV))
+    for i in range(remaining):
+        ops += [
+            Compute(FORWARD, warmup + i, 0),
+            _call("send_forward_recv_backward", *(() if last else (SEND_NEXT, RECV_NEXT))),
+            Compute(BACKWARD, i, 0),
+        ]
+        if i == remaining - 1:
+            ops.append(_call("send_backward", None if first else SEND_PREV))
+        else:
+            ops.append(
+                _call("send_backward_recv_forward", *(() if first else (SEND_PREV, RECV_PREV)))
+            )
+    for i in range(warmup):
+        ops += [
+            _call("recv_backward", None if last else RECV_NEXT),
+            Compute(BACKWARD, remaining + i, 0),
+            _call("send_backward", None if first else SEND_PREV),
+        ]
+    return [op for op in ops if op is not None]
+
+
+@cache
+def schedule_table(num_microbatches: int, vpp: int, group_size: int) -> tuple[tuple[int, int], ...]:
+    """(micro-batch, chunk) of each forward in order: for each group of ``group_size``
+    micro-batches, every chunk in turn (``schedules.get_schedule_table``)."""
+    table = []
+    for start in range(0, num_microbatches, group_size):
+        end = num_microbatches if start + group_size >= num_microbatches else start + group_size
+        table += [(mb, chunk) for chunk in range(vpp) for mb in range(start, end)]
+    return tuple(table)
+
+
+def interleaved_warmup(pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int):
+    """(warm-up forwards, all forwards in warm-up) of ``get_pp_rank_microbatches``."""
+    total = num_microbatches * vpp
+    warmup = (pp - rank - 1) * 2 + (vpp - 1) * group_size
+    return (total, True) if warmup >= total else (warmup, False)
+
+
+def interleaved_ops(
+    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int
+) -> list[Op]:
+    """``forward_backward_pipelining_with_interleaving`` (no p2p overlap) for one rank."""
+    total = num_microbatches * vpp
+    table = schedule_table(num_microbatches, vpp, group_size)
+    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size)
+    remaining = total - warmup
+    first, last = rank == 0, rank == pp - 1
+
+    def chunk_of(virtual: int, forward: bool) -> int:
+        chunk = table[virtual % total][1]
+        return chunk if forward else vpp - 1 - chunk
+
+    def receives(virtual: int, forward: bool) -> bool:
+        """``recv_tensor_from_previous_stage``: does the next item of this direction arrive?"""
+        leading = first if forward else last
+        if not leading:
+            return True
+        if virtual < pp - 1:  # the ending stage has produced nothing yet
+            return False
+        return chunk_of(virtual - (pp - 1), forward) != (vpp - 1 if forward else 0)
+
+    def forward(virtual: int) -> tuple[Compute, str | None]:
+        chunk = chunk_of(virtual, True)
+        sends = None if (last and chunk == vpp - 1) else SEND_NEXT
+        return Compute(FORWARD, table[virtual][0], chunk), sends
+
+    def backward(virtual: int) -> tuple[Compute, str | None]:
+        chunk = chunk_of(virtual, False)
+        sends = None if (first and chunk == 0) else SEND_PREV
+        return Compute(BACKWARD, table[virtual % total][0], chunk), sends
+
+    ops: list[Op | None] = [_call("recv_forward", None if first else RECV_PREV)]
+    for k in range(warmup):
+        compute, send_next = forward(k)
+        recv_prev = receives(k, True) and k != total - 1
+        ops.append(compute)
+        if k == warmup - 1 and not all_warmup:
+            recv_next = not last
+            ops.append(
+                _call(
+                    "send_forward_backward_recv_forward_backward",
+                    send_next,
+                    RECV_PREV if recv_prev else None,
+                    RECV_NEXT if recv_next else None,
+                )
+            )
+        else:
+            ops.append(
+                _call("send_forward_recv_forward", send_next, RECV_PREV if recv_prev else None)
+            )
+    for k in range(remaining):
+        f_compute, send_next = forward(k + warmup)
+        b_compute, send_prev = backward(k)
+        recv_prev = receives(k + warmup, True) and k != remaining - 1
+        recv_next = receives(k, False)
+        ops += [
+            f_compute,
+            b_compute,
+            _call(
+                "send_forward_backward_recv_forward_backward",
+                send_next,
+                send_prev,
+                RECV_PREV if recv_prev else None,
+                RECV_NEXT if recv_next else None,
+            ),
+        ]
+    if all_warmup:
+        ops.append(_call("recv_backward", None if last else RECV_NEXT))
+    for k in range(remaining, total):
+        compute, send_prev = backward(k)
+        recv_next = receives(k, False) and k != total - 1
+        ops += [
+            compute,
+            _call("send_backward_recv_backward", send_prev, RECV_NEXT if recv_next else None),
+        ]
+    return [op for op in ops if op is not None]
+
+
+def rank_ops(pp: int, vpp: int, num_microbatches: int, group_size: int | None = None):
+    """Every rank's op list in Megatron's order."""
+    group_size = group_size or pp
+    _check_sizes(pp, vpp, num_microbatches, group_size)
+    if vpp == 1:
+        return [one_f_one_b_ops(pp, rank, num_microbatches) for rank in range(pp)]
+    return [interleaved_ops(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp)]
+
+
+def compute_order(pp: int, vpp: int, num_microbatches: int, group_size: int | None = None):
+    """Per rank, the forward/backward computations alone, in order."""
+    return [
+        [op for op in ops if isinstance(op, Compute)]
+        for ops in rank_ops(pp, vpp, num_microbatches, group_size)
+    ]
+
+
+@dataclass(frozen=True)
+class Program:
+    """A schedule compiled for evaluation: flat op arrays in a topological order."""
+
+    pp: int
+    vpp: int
+    num_microbatches: int
+    order: tuple[int, ...]  # op ids in an order where every dependency comes first
+    rank: np.ndarray  # op id -> PP rank
+    previous: np.ndarray  # op id -> previous op on the same rank, -1 for the first
+    is_compute: np.ndarray
+    compute_slot: np.ndarray  # op id -> (rank, chunk, F/B) slot: chunk*PP+rank, +S for backward
+    transfers: tuple[tuple[tuple[int, int], ...], ...]  # op id -> ((partner op, link rank), ...)
+    last_op: np.ndarray  # rank -> its last op id
+    ops: tuple[Op, ...] = field(repr=False)
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+
+_PARTNER = {SEND_NEXT: RECV_PREV, RECV_PREV: SEND_NEXT, SEND_PREV: RECV_NEXT, RECV_NEXT: SEND_PREV}
+
+
+@cache
+def compile_schedule(
+    pp: int, vpp: int, num_microbatches: int, group_size: int | None = None
+) -> Program:
+    """Pair every transfer with its partner call and order all ops so dependencies come first.
+
+    Raises ``RuntimeError`` if the calls deadlock, which would mean the op lists are wrong.
+    """
+    per_rank = rank_ops(pp, vpp, num_microbatches, group_size)
+    ops: list[Op] = []
+    rank_of: list[int] = []
+    ids: list[list[int]] = []
+    for rank, rank_list in enumerate(per_rank):
+        ids.append(list(range(len(ops), len(ops) + len(rank_list))))
+        ops += rank_list
+        rank_of += [rank] * len(rank_list)
+    # FIFO queues per (rank, transfer kind) to pair the k-th send with the k-th receive.
+    queues: dict[tuple[int, str], list[int]] = {}
+    for op_id, op in enumerate(ops):
+        if isinstance(op, P2PCall):
+            for transfer in op.transfers:
+                queues.setdefault((rank_of[op_id], transfer), []).append(op_id)
+    transfers: list[tuple[tuple[int, int], ...]] = [()] * len(ops)
+    for op_id, op in enumerate(ops):
+        if not isinstance(op, P2PCall):
+            continue
+        rank = rank_of[op_id]
+        paired = []
+        for transfer in op.transfers:
+            peer = (rank + 1) % pp if transfer in (SEND_NEXT, RECV_NEXT) else (rank - 1) % pp
+            mine = queues[(rank, transfer)].index(op_id)
+            theirs = queues.get((peer, _PARTNER[transfer]), [])
+            if mine >= len(theirs):
+                raise RuntimeError(f"rank {rank} {transfer} #{mine} has no partner on rank {peer}")
+            link = rank if transfer in (SEND_NEXT, RECV_NEXT) else peer  # boundary peer->peer+1
+            paired.append((theirs[mine], link))
+        transfers[op_id] = tuple(paired)
+    position = {op_id: index for rank_ids in ids for index, op_id in enumerate(rank_ids)}
+    pointer = [0] * pp
+    order: list[int] = []
+    while len(order) < len(ops):
+        progressed = False
+        for rank in range(pp):
+            while pointer[rank] < len(ids[rank]):
+                op_id = ids[rank][pointer[rank]]
+                partners_posted = all(
+                    pointer[rank_of[partner]] >= position[partner]
+                    for partner, _ in transfers[op_id]
+                )
+                if not partners_posted:
+                    break
+                order.append(op_id)
+                pointer[rank] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the p2p calls deadlock; the schedule's op lists are inconsistent")
+    stages = pp * vpp
+    slots = np.full(len(ops), -1)
+    for op_id, op in enumerate(ops):
+        if isinstance(op, Compute):
+            slots[op_id] = op.chunk * pp + rank_of[op_id] + (stages if op.kind == BACKWARD else 0)
+    previous = np.array(
+        [rank_ids[i - 1] if i else -1 for rank_ids in ids for i in range(len(rank_ids))]
+    )
+    return Program(
+        pp=pp,
+        vpp=vpp,
+        num_microbatches=num_microbatches,
+        order=tuple(order),
+        rank=np.array(rank_of),
+        previous=previous,
+        is_compute=np.array([isinstance(op, Compute) for op in ops]),
+        compute_slot=slots,
+        transfers=tuple(transfers),
+        last_op=np.array([rank_ids[-1] for rank_ids in ids]),
+        ops=tuple(ops),
+    )
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Simulated times for a batch of duration sets (last axis: layout x sample)."""
+
+    step: np.ndarray  # (batch,) step time
+    finish: np.ndarray  # (PP, batch) when each rank's last pipeline op ends
+    busy: np.ndarray  # (PP, batch) compute time of each rank
+    tail: np.ndarray  # (PP, batch) gradient sync + optimizer of each rank
+    start: np.ndarray | None = None  # (ops, batch), kept only when asked for a timeline
+    end: np.ndarray | None = None
+
+    @property
+    def idle(self) -> np.ndarray:
+        return self.step - self.busy - self.tail
+
+    @property
+    def bubble_fraction(self) -> np.ndarray:
+        """Share of the pipeline phase the ranks spend waiting, averaged over ranks."""
+        pipeline = self.finish.max(axis=0)
+        return 1.0 - self.busy.mean(axis=0) / pipeline
+
+
+def simulate(
+    program: Program,
+    forward_ms: np.ndarray,
+    backward_ms: np.ndarray,
+    p2p_ms: np.ndarray,
+    tail_ms: np.ndarray | None = None,
+    noise: np.ndarray | None = None,
+    keep_events: bool = False,
+) -> StepTimes:
+    """Evaluate ``program`` for a batch of duration sets.
+
+    ``forward_ms``/``backward_ms``: (stages, batch) per flat stage (chunk*PP + rank) and micro-
+    batch; ``p2p_ms``: (PP, batch), one transfer across the boundary after rank r (r -> r+1,
+    wrapping); ``tail_ms``: (PP, batch) after the pipeline; ``noise``: optional (compute ops,
+    batch) multipliers for each compute op in program order of op ids.
+    """
+    forward_ms = np.atleast_2d(np.asarray(forward_ms, dtype=float))
+    backward_ms = np.atleast_2d(np.asarray(backward_ms, dtype=float))
+    batch = forward_ms.shape[1]
+    durations = np.concatenate([forward_ms, backward_ms])  # slot -> duration
+    p2p_ms = np.broadcast_to(np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1),
+                             (program.pp, batch))  # fmt: skip
+    count = len(program.ops)
+    start = np.zeros((count, batch))
+    end = np.zeros((count, batch))
+    compute_index = np.cumsum(program.is_compute) - 1
+    busy = np.zeros((program.pp, batch))
+    zero = np.zeros(batch)
+    for op_id in program.order:
+        previous = program.previous[op_id]
+        posted = end[previous] if previous >= 0 else zero
+        start[op_id] = posted
+        if program.is_compute[op_id]:
+            duration = durations[program.compute_slot[op_id]]
+            if noise is not None:
+                duration = duration * noise[compute_index[op_id]]
+            end[op_id] = posted + duration
+            busy[program.rank[op_id]] += duration
+        else:
+            done = posted
+            for partner, link in program.transfers[op_id]:
+                partner_previous = program.previous[partner]
+                partner_posted = end[partner_previous] if partner_previous >= 0 else zero
+                done = np.maximum(done, np.maximum(posted, partner_posted) + p2p_ms[link])
+            end[op_id] = done
+    finish = end[program.last_op]
+    tail = np.zeros_like(finish) if tail_ms is None else np.broadcast_to(
+        np.asarray(tail_ms, dtype=float).reshape(program.pp, -1), finish.shape
+    )
+    step = (finish + tail).max(axis=0)
+    return StepTimes(
+        step=step,
+        finish=finish,
+        busy=busy,
+        tail=np.array(tail),
+        start=start if keep_events else None,
+        end=end if keep_events else None,
+    )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One bar of a timeline: a computation or a p2p call on a rank."""
+
+    rank: int
+    label: str  # F3 / B3 (chunk suffix .c with VPP) or the p2p call's name
+    is_compute: bool
+    start: float
+    end: float
+
+
+def timeline(program: Program, times: StepTimes, column: int = 0) -> list[Event]:
+    """The events of one duration set of a ``simulate(..., keep_events=True)`` result."""
+    if times.start is None or times.end is None:
+        raise ValueError("simulate with keep_events=True to draw a timeline")
+    events = []
+    for op_id, op in enumerate(program.ops):
+        if isinstance(op, Compute):
+            label = f"{op.kind}{op.microbatch}" + (f".{op.chunk}" if program.vpp > 1 else "")
+        else:
+            label = op.name
+        events.append(
+            Event(
+                rank=int(program.rank[op_id]),
+                label=label,
+                is_compute=isinstance(op, Compute),
+                start=float(times.start[op_id, column]),
+                end=float(times.end[op_id, column]),
+            )
+        )
+    return events
+
+
+def stage_durations(values: Sequence[float], batch: int = 1) -> np.ndarray:
+    """(stages,) per-stage numbers broadcast to the (stages, batch) shape ``simulate`` takes."""
+    return np.repeat(np.asarray(values, dtype=float)[:, None], batch, axis=1)
