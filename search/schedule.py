@@ -59,9 +59,7 @@ def _check_sizes(pp: int, vpp: int, num_microbatches: int, group_size: int) -> N
         if num_microbatches < pp or (
             num_microbatches % group_size and num_microbatches < group_size
         ):
-            raise ValueError(
-                f"interleaving needs micro-batches ({num_microbatches}) >= PP ({pp})"
-            )
+            raise ValueError(f"interleaving needs micro-batches ({num_microbatches}) >= PP ({pp})")
 
 
 def _call(name: str, *transfers: str | None) -> P2PCall | None:
@@ -220,8 +218,22 @@ def compute_order(pp: int, vpp: int, num_microbatches: int, group_size: int | No
 
 
 @dataclass(frozen=True)
+class Wave:
+    """Ops that depend only on earlier waves, as index arrays (the ``-1`` op is a zero row)."""
+
+    compute: np.ndarray  # op ids
+    compute_previous: np.ndarray
+    compute_slot: np.ndarray  # stage slot: chunk*PP + rank, + stages for a backward
+    compute_index: np.ndarray  # position among compute ops (for per-op noise)
+    calls: np.ndarray  # p2p call op ids
+    call_previous: np.ndarray
+    partner_previous: np.ndarray  # (calls, 4): previous op of each partner call (self-padded)
+    links: np.ndarray  # (calls, 4): boundary rank of each transfer, PP (free) as padding
+
+
+@dataclass(frozen=True)
 class Program:
-    """A schedule compiled for evaluation: flat op arrays in a topological order."""
+    """A schedule compiled for evaluation: op arrays grouped in dependency waves."""
 
     pp: int
     vpp: int
@@ -233,11 +245,61 @@ class Program:
     compute_slot: np.ndarray  # op id -> (rank, chunk, F/B) slot: chunk*PP+rank, +S for backward
     transfers: tuple[tuple[tuple[int, int], ...], ...]  # op id -> ((partner op, link rank), ...)
     last_op: np.ndarray  # rank -> its last op id
+    waves: tuple[Wave, ...] = field(repr=False)
     ops: tuple[Op, ...] = field(repr=False)
 
     @property
     def num_stages(self) -> int:
         return self.pp * self.vpp
+
+    @property
+    def num_compute(self) -> int:
+        return int(self.is_compute.sum())
+
+
+_MAX_TRANSFERS = 4
+
+
+def _waves(
+    order: Sequence[int],
+    previous: np.ndarray,
+    transfers: Sequence[tuple[tuple[int, int], ...]],
+    is_compute: np.ndarray,
+    slots: np.ndarray,
+    pp: int,
+) -> tuple[Wave, ...]:
+    """Group ops by dependency depth: an op waits for its rank's previous op and for the
+    previous op of each partner call (the partner's post time), never for the partner itself."""
+    depth = np.zeros(len(previous), dtype=int)
+    for op_id in order:
+        needs = [previous[op_id]] + [previous[partner] for partner, _ in transfers[op_id]]
+        depth[op_id] = 1 + max((depth[n] for n in needs if n >= 0), default=-1)
+    compute_index = np.cumsum(is_compute) - 1
+    waves = []
+    for level in range(depth.max() + 1):
+        members = np.flatnonzero(depth == level)
+        compute = members[is_compute[members]]
+        calls = members[~is_compute[members]]
+        partner_previous = np.empty((len(calls), _MAX_TRANSFERS), dtype=int)
+        links = np.full((len(calls), _MAX_TRANSFERS), pp)
+        for row, call in enumerate(calls):
+            partner_previous[row] = previous[call]
+            for column, (partner, link) in enumerate(transfers[call]):
+                partner_previous[row, column] = previous[partner]
+                links[row, column] = link
+        waves.append(
+            Wave(
+                compute=compute,
+                compute_previous=previous[compute],
+                compute_slot=slots[compute],
+                compute_index=compute_index[compute],
+                calls=calls,
+                call_previous=previous[calls],
+                partner_previous=partner_previous,
+                links=links,
+            )
+        )
+    return tuple(waves)
 
 
 _PARTNER = {SEND_NEXT: RECV_PREV, RECV_PREV: SEND_NEXT, SEND_PREV: RECV_NEXT, RECV_NEXT: SEND_PREV}
@@ -307,6 +369,7 @@ def compile_schedule(
     previous = np.array(
         [rank_ids[i - 1] if i else -1 for rank_ids in ids for i in range(len(rank_ids))]
     )
+    is_compute = np.array([isinstance(op, Compute) for op in ops])
     return Program(
         pp=pp,
         vpp=vpp,
@@ -314,10 +377,11 @@ def compile_schedule(
         order=tuple(order),
         rank=np.array(rank_of),
         previous=previous,
-        is_compute=np.array([isinstance(op, Compute) for op in ops]),
+        is_compute=is_compute,
         compute_slot=slots,
         transfers=tuple(transfers),
         last_op=np.array([rank_ids[-1] for rank_ids in ids]),
+        waves=_waves(order, previous, transfers, is_compute, slots, pp),
         ops=tuple(ops),
     )
 
@@ -364,34 +428,38 @@ def simulate(
     backward_ms = np.atleast_2d(np.asarray(backward_ms, dtype=float))
     batch = forward_ms.shape[1]
     durations = np.concatenate([forward_ms, backward_ms])  # slot -> duration
-    p2p_ms = np.broadcast_to(np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1),
-                             (program.pp, batch))  # fmt: skip
+    links = np.zeros((program.pp + 1, batch))  # the extra row is the free padding link
+    links[:-1] = np.broadcast_to(np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1),
+                                 (program.pp, batch))  # fmt: skip
     count = len(program.ops)
-    start = np.zeros((count, batch))
-    end = np.zeros((count, batch))
-    compute_index = np.cumsum(program.is_compute) - 1
-    busy = np.zeros((program.pp, batch))
-    zero = np.zeros(batch)
-    for op_id in program.order:
-        previous = program.previous[op_id]
-        posted = end[previous] if previous >= 0 else zero
-        start[op_id] = posted
-        if program.is_compute[op_id]:
-            duration = durations[program.compute_slot[op_id]]
+    end = np.zeros((count + 1, batch))  # row -1 stays zero: "posted at time 0"
+    start = np.zeros((count + 1, batch)) if keep_events else None
+    compute_time = np.zeros((program.num_compute, batch))
+    for wave in program.waves:
+        if len(wave.compute):
+            duration = durations[wave.compute_slot]
             if noise is not None:
-                duration = duration * noise[compute_index[op_id]]
-            end[op_id] = posted + duration
-            busy[program.rank[op_id]] += duration
-        else:
-            done = posted
-            for partner, link in program.transfers[op_id]:
-                partner_previous = program.previous[partner]
-                partner_posted = end[partner_previous] if partner_previous >= 0 else zero
-                done = np.maximum(done, np.maximum(posted, partner_posted) + p2p_ms[link])
-            end[op_id] = done
+                duration = duration * noise[wave.compute_index]
+            compute_time[wave.compute_index] = duration
+            posted = end[wave.compute_previous]
+            end[wave.compute] = posted + duration
+            if start is not None:
+                start[wave.compute] = posted
+        if len(wave.calls):
+            posted = end[wave.call_previous]
+            partner_posted = end[wave.partner_previous]  # (calls, 4, batch)
+            done = np.maximum(posted[:, None], partner_posted) + links[wave.links]
+            end[wave.calls] = done.max(axis=1)
+            if start is not None:
+                start[wave.calls] = posted
+    compute_rank = program.rank[program.is_compute]
+    busy = np.zeros((program.pp, batch))
+    np.add.at(busy, compute_rank, compute_time)
     finish = end[program.last_op]
-    tail = np.zeros_like(finish) if tail_ms is None else np.broadcast_to(
-        np.asarray(tail_ms, dtype=float).reshape(program.pp, -1), finish.shape
+    tail = (
+        np.zeros_like(finish)
+        if tail_ms is None
+        else np.broadcast_to(np.asarray(tail_ms, dtype=float).reshape(program.pp, -1), finish.shape)
     )
     step = (finish + tail).max(axis=0)
     return StepTimes(
@@ -399,8 +467,8 @@ def simulate(
         finish=finish,
         busy=busy,
         tail=np.array(tail),
-        start=start if keep_events else None,
-        end=end if keep_events else None,
+        start=start[:-1] if start is not None else None,
+        end=end[:-1] if keep_events else None,
     )
 
 
