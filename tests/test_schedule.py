@@ -19,7 +19,6 @@ from search.schedule import (
     stage_durations,
     timeline,
 )
-
 from tests.megatron_oracle import MEGATRON_CPU_WARNINGS
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in MEGATRON_CPU_WARNINGS]
