@@ -12,9 +12,11 @@ independent and can check each other.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+
+import numpy as np
 
 from ray_layout.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, LayoutError
 
@@ -130,6 +132,61 @@ class LayoutSpace:
                 if not valid or (standalone and not self.allow_standalone_mtp):
                     continue
             yield cuts, standalone
+
+    def cut_blocks(self, block_size: int = 4096) -> Iterator[np.ndarray]:
+        """The space's cut sets as (n, S - 1) integer arrays, in enumeration order."""
+        raw = self._cut_sets()
+        while True:
+            block = np.array(list(itertools.islice(raw, block_size)), dtype=np.int64)
+            if not len(block):
+                return
+            block = block.reshape(len(block), self.num_stages - 1)
+            if self._mtp_item is not None:
+                mtp_stage = (block <= self._mtp_item).sum(axis=1)
+                valid = mtp_stage >= (self.vpp - 1) * self.pp
+                if not self.allow_standalone_mtp:
+                    valid &= mtp_stage == self.num_stages - 1
+                block = block[valid]
+            if len(block):
+                yield block
+
+    def unit_counts(
+        self, cuts: np.ndarray, units: Sequence[str], moe_pattern: Sequence[bool]
+    ) -> np.ndarray:
+        """(n, S, U) how many of each unit every stage holds; decoder units are ``t`` or, for a
+        model that mixes them, ``t_dense`` and ``t_moe`` by ``moe_pattern``."""
+        n_items = len(self._items)
+        bounds = np.concatenate(
+            [np.zeros((len(cuts), 1), dtype=np.int64), cuts, np.full((len(cuts), 1), n_items)],
+            axis=1,
+        )
+        low, high = bounds[:, :-1], bounds[:, 1:]
+        layers = self.num_layers
+        first_layer = np.clip(low - 1, 0, layers)
+        end_layer = np.clip(high - 1, 0, layers)
+        moe_prefix = np.concatenate([[0], np.cumsum(np.asarray(moe_pattern, dtype=np.int64))])
+        moe = moe_prefix[end_layer] - moe_prefix[first_layer]
+        decoder = end_layer - first_layer
+        counts = np.zeros((*low.shape, len(units)))
+        columns = {
+            EMBEDDING: (low == 0) & (high > 0),
+            LOSS: high == n_items,
+            DECODER: decoder,
+            "t_moe": moe,
+            "t_dense": decoder - moe,
+        }
+        if self._mtp_item is not None:
+            holds = (low <= self._mtp_item) & (high > self._mtp_item)
+            columns[MTP] = holds * self.mtp_num_layers
+        for index, unit in enumerate(units):
+            counts[:, :, index] = columns[unit]
+        return counts
+
+    def item_counts(self, units: Sequence[str], moe_pattern: Sequence[bool]) -> np.ndarray:
+        """(items, U) the units of each item E, t_1..t_N, the MTP block, L: a layout's stage
+        counts are sums of consecutive rows."""
+        one_per_stage = np.arange(1, len(self._items), dtype=np.int64)[None, :]
+        return self.unit_counts(one_per_stage, units, moe_pattern)[0]
 
     def stages_from_cuts(self, cuts: tuple[int, ...]) -> tuple[str, ...]:
         bounds = (0, *cuts, len(self._items))

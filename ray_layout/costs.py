@@ -1,0 +1,271 @@
+"""UnitCosts: what each layout unit costs on one cluster, as the planner reads it (COSTS.json).
+
+Times are per micro-batch on one GPU of a stage, under the micro-batch size, sequence length, TP
+and EP recorded with them: a fit of measured timers writes ``source="fit"``,
+:func:`costs_from_flops` a FLOP-based guess, a person ``"manual"``.  ``docs/costs.md`` describes
+the format field by field; loading rejects anything else with a one-line :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
+from itertools import count
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from ray_layout.model import ConfigError, ModelSpec, ParallelConfig
+from ray_layout.sizing import (
+    DECODER,
+    DENSE_DECODER,
+    EMBEDDING,
+    GRAD_BYTES,
+    LOSS,
+    MOE_DECODER,
+    MTP,
+    OPTIMIZER_BYTES,
+    WEIGHT_BYTES,
+    StageSize,
+    decoder_unit,
+    unit_sizes,
+)
+
+FORMAT = "ray_layout.costs/1"
+SOURCES = ("fit", "flops", "manual")
+UNITS = (EMBEDDING, DECODER, DENSE_DECODER, MOE_DECODER, MTP, LOSS)
+
+# Bytes Adam moves per parameter it updates: reads the fp32 gradient and its 12 bytes of state,
+# writes the state back and the bf16 weight.
+ADAM_BYTES_MOVED = GRAD_BYTES + 2 * OPTIMIZER_BYTES + WEIGHT_BYTES
+
+
+@dataclass(frozen=True)
+class UnitCosts:
+    """Per-unit forward/backward milliseconds per micro-batch, communication, step tail, noise
+    and memory calibration, with the run shape they were measured or derived under.
+
+    The step tail of a PP rank is ``(grad_sync_ms_per_gparam + optimizer_ms_per_gparam) x`` the
+    billions of parameters one GPU of that rank holds (see :func:`step_tail_ms`).  Units missing
+    from ``jitter_cv`` have no jitter; units missing from ``memory_calibration`` have factor 1.
+    """
+
+    forward_ms: Mapping[str, float]
+    backward_ms: Mapping[str, float]
+    p2p_intra_node_ms: float  # one activation transfer between adjacent stages on one node
+    p2p_inter_node_ms: float  # the same across nodes
+    grad_sync_ms_per_gparam: float
+    optimizer_ms_per_gparam: float
+    source: str
+    model: str
+    micro_batch_size: int
+    seq_length: int
+    tp: int
+    ep: int
+    gpus_per_node: int = 8
+    jitter_cv: Mapping[str, float] = field(default_factory=dict)
+    memory_calibration: Mapping[str, float] = field(default_factory=dict)
+    memory_overhead_gib: float = 3.0  # CUDA context, NCCL and allocator slack, per GPU
+    mtp_standalone_factor: float = 1.12  # the seed study: MTP-standalone layouts ran 12% slower
+    format: str = FORMAT
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, f.name, MappingProxyType(dict(value)))
+
+
+_COUNTS = frozenset({"micro_batch_size", "seq_length", "tp", "ep", "gpus_per_node"})
+_TEXTS = frozenset({"source", "model", "format"})
+_UNIT_MAPS = frozenset({"forward_ms", "backward_ms", "jitter_cv", "memory_calibration"})
+_POSITIVE = frozenset({"memory_calibration", "mtp_standalone_factor"})  # multipliers
+_REQUIRED = tuple(
+    f.name for f in fields(UnitCosts) if f.default is MISSING and f.default_factory is MISSING
+)
+
+
+def _number(value: Any, name: str, positive: bool, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"{source}: {name} must be a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise ConfigError(f"{source}: {name} must be {'> 0' if positive else '>= 0'}, got {value}")
+    return value
+
+
+def _field(key: str, value: Any, source: str) -> Any:
+    """One top-level value, checked for its kind."""
+    if key in _COUNTS:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{source}: {key} must be a positive integer, got {value!r}")
+        return value
+    if key in _TEXTS:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{source}: {key} must be a non-empty string, got {value!r}")
+        return value
+    if key in _UNIT_MAPS:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key} must be an object of unit name to number")
+        unknown = sorted(set(value) - set(UNITS))
+        if unknown:
+            raise ConfigError(
+                f"{source}: {key} has unknown unit(s) {', '.join(unknown)}; "
+                f"units are {', '.join(UNITS)}"
+            )
+        return {u: _number(v, f"{key}.{u}", key in _POSITIVE, source) for u, v in value.items()}
+    return _number(value, key, key in _POSITIVE, source)
+
+
+def costs_from_dict(raw: Mapping[str, Any], *, source: str) -> UnitCosts:
+    """Check a parsed COSTS.json mapping key by key and build the costs it describes."""
+    if raw.get("format") != FORMAT:  # first: another version may have other keys
+        found = repr(raw["format"]) if "format" in raw else "none"
+        raise ConfigError(f"{source}: format must be {FORMAT!r}, got {found}")
+    unknown = sorted(set(raw) - {f.name for f in fields(UnitCosts)})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
+    for key in _REQUIRED:
+        if key not in raw:
+            raise ConfigError(f"{source}: missing required key {key}")
+    values = {key: _field(key, value, source) for key, value in raw.items()}
+    if values["source"] not in SOURCES:
+        raise ConfigError(
+            f"{source}: source must be one of {', '.join(SOURCES)}, got {values['source']!r}"
+        )
+    forward, backward = values["forward_ms"], values["backward_ms"]
+    decoder = {DECODER} if DECODER in forward else {DENSE_DECODER, MOE_DECODER}
+    missing = sorted(({EMBEDDING, LOSS} | decoder) - set(forward))
+    if missing:
+        raise ConfigError(
+            f"{source}: forward_ms lacks unit(s) {', '.join(missing)} "
+            f"(every model needs E, L and t, or t_dense and t_moe)"
+        )
+    if set(backward) != set(forward):
+        raise ConfigError(
+            f"{source}: backward_ms must list the units of forward_ms "
+            f"({', '.join(sorted(forward))}), got {', '.join(sorted(backward)) or 'none'}"
+        )
+    return UnitCosts(**values)
+
+
+def load_costs(path: str | Path) -> UnitCosts:
+    """Read a COSTS.json file."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a JSON object at the top level")
+    return costs_from_dict(raw, source=str(path))
+
+
+def costs_to_dict(costs: UnitCosts) -> dict[str, Any]:
+    """The JSON mapping of ``costs``, format first."""
+    values = {
+        f.name: dict(v) if isinstance(v := getattr(costs, f.name), Mapping) else v
+        for f in fields(costs)
+    }
+    return {"format": values.pop("format"), **values}
+
+
+def save_costs(costs: UnitCosts, path: str | Path) -> None:
+    """Write ``costs`` as JSON; a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(costs_to_dict(costs), out, indent=2)
+            out.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def costs_from_flops(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    tflops_per_gpu: float = 400.0,
+    *,
+    intra_node_gb_per_s: float = 150.0,
+    inter_node_gb_per_s: float = 25.0,
+    hbm_gb_per_s: float = 3000.0,
+    gpus_per_node: int = 8,
+) -> UnitCosts:
+    """A guess for when nothing was measured: compute at ``tflops_per_gpu`` achieved, backward
+    twice forward, transfers and the step tail at the given bandwidths.
+
+    Measured costs differ: in the seed study FLOPs put the MTP layer at 4 decoder layers and the
+    output layer at 2.9, where the timers said 1.4 and 3.6-4.0.  Prefer a fit.
+    """
+    shards = parallel.tp * parallel.cp
+    sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
+    forward = {
+        u: s.forward_flops / shards / (tflops_per_gpu * 1e12) * 1e3 for u, s in sizes.items()
+    }
+    # Megatron sends [s/(TP.CP), b, h] bf16 between stages under sequence parallelism.
+    p2p_bytes = WEIGHT_BYTES * model.seq_length * parallel.micro_batch_size * model.hidden_size
+    p2p_bytes /= shards
+    dp = parallel.dp
+    sync_bytes = GRAD_BYTES + WEIGHT_BYTES if parallel.use_distributed_optimizer else 2 * GRAD_BYTES
+    dp_in_node = shards * dp <= gpus_per_node  # DP is inner to PP in Megatron's rank order
+    sync_gb_per_s = intra_node_gb_per_s if dp_in_node else inter_node_gb_per_s
+    optimizer_shard = dp if parallel.use_distributed_optimizer else 1
+    return UnitCosts(
+        forward_ms=forward,
+        backward_ms={u: 2 * ms for u, ms in forward.items()},
+        p2p_intra_node_ms=p2p_bytes / (intra_node_gb_per_s * 1e9) * 1e3,
+        p2p_inter_node_ms=p2p_bytes / (inter_node_gb_per_s * 1e9) * 1e3,
+        grad_sync_ms_per_gparam=sync_bytes * (dp - 1) / dp / sync_gb_per_s * 1e3,
+        optimizer_ms_per_gparam=ADAM_BYTES_MOVED / optimizer_shard / hbm_gb_per_s * 1e3,
+        source="flops",
+        model=model.name,
+        micro_batch_size=parallel.micro_batch_size,
+        seq_length=model.seq_length,
+        tp=parallel.tp,
+        ep=parallel.ep,
+        gpus_per_node=gpus_per_node,
+    )
+
+
+def stage_units(model: ModelSpec, stages: Sequence[str]) -> list[list[str]]:
+    """The unit names of each flat stage; the k-th ``t`` overall is decoder layer k."""
+    layer = count()
+    return [
+        [decoder_unit(model, next(layer)) if symbol == DECODER else symbol for symbol in stage]
+        for stage in stages
+    ]
+
+
+def stage_compute_ms(
+    costs: UnitCosts, model: ModelSpec, stages: Sequence[str]
+) -> tuple[list[float], list[float]]:
+    """Forward and backward ms of one micro-batch through each flat stage (not each rank)."""
+    units = stage_units(model, stages)
+    missing = sorted({u for stage in units for u in stage} - set(costs.forward_ms))
+    if missing:
+        raise ConfigError(
+            f"costs for {costs.model}: forward_ms/backward_ms lack unit(s) {', '.join(missing)}, "
+            f"which {model.name} needs"
+        )
+    forward = [sum(costs.forward_ms[u] for u in stage) for stage in units]
+    backward = [sum(costs.backward_ms[u] for u in stage) for stage in units]
+    return forward, backward
+
+
+def step_tail_ms(costs: UnitCosts, stage: StageSize) -> float:
+    """Gradient sync and optimizer step of one PP rank after its last backward.
+
+    Scaled by the parameters one GPU of the rank holds, in billions: dense weights split by TP,
+    replicated ones whole, expert weights split by EP x ETP, summed over the rank's chunks, before
+    any DP split of the distributed optimizer (``stage.memory.weights`` / 2 bytes).
+    """
+    gparams = stage.memory.weights / WEIGHT_BYTES / 1e9
+    return (costs.grad_sync_ms_per_gparam + costs.optimizer_ms_per_gparam) * gparams

@@ -1,0 +1,129 @@
+"""The planner's cost model: per-unit times, bytes and noise as arrays, built once per plan.
+
+It joins what the other modules know — measured (or FLOP-derived) unit costs from COSTS.json,
+static memory from ``sizing``, activations from ``search.memory``, micro-batches in flight from
+Megatron's schedule, p2p links from where the ranks sit — into the arrays ``search.evaluate``
+multiplies unit counts with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ray_layout.costs import UnitCosts
+from ray_layout.model import ConfigError, ModelSpec, ParallelConfig
+from ray_layout.sizing import EMBEDDING, LOSS, WEIGHT_BYTES, static_memory, unit_sizes
+from search.memory import GIB, activation_bytes, logits_bytes
+from search.schedule import BACKWARD, compute_order
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-unit numbers as arrays over ``units`` plus the per-rank and per-run constants."""
+
+    units: tuple[str, ...]
+    moe_pattern: tuple[bool, ...]  # which decoder layers are MoE (splits t into t_dense/t_moe)
+    forward_ms: np.ndarray  # (U,) per micro-batch
+    backward_ms: np.ndarray  # (U,)
+    jitter_cv: np.ndarray  # (U,) coefficient of variation of one unit's op time
+    static_bytes: np.ndarray  # (U,) weights + gradients + optimizer per GPU
+    activation_bytes: np.ndarray  # (U,) per micro-batch in flight, calibrated
+    tail_params: np.ndarray  # (U,) billions of parameters per GPU that the step tail syncs
+    p2p_ms: np.ndarray  # (PP,) one transfer over the boundary rank r -> r+1 (last: wrap)
+    tail_ms_per_gparam: float  # gradient sync + optimizer, per billion parameters on a GPU
+    logits_bytes: float  # the last rank's logits for every MTP depth + 1
+    standalone_copy_bytes: float  # a rank holding MTP without the loss builds an embedding
+    standalone_copy_params: float
+    overhead_bytes: float
+    mtp_standalone_factor: float
+    in_flight: np.ndarray  # (PP, VPP) micro-batches in flight per rank and chunk at the peak
+
+    @property
+    def has_jitter(self) -> bool:
+        return bool(np.any(self.jitter_cv > 0))
+
+
+def in_flight_at_peak(pp: int, vpp: int, num_microbatches: int, group_size: int | None = None):
+    """(PP, VPP) micro-batches of each chunk whose activations a rank holds when it holds the
+    most (forwards done, backwards not yet), walking Megatron's own op order."""
+    counts = np.zeros((pp, vpp), dtype=int)
+    for rank, ops in enumerate(compute_order(pp, vpp, num_microbatches, group_size)):
+        held = np.zeros(vpp, dtype=int)
+        for op in ops:
+            held[op.chunk] += -1 if op.kind == BACKWARD else 1
+            if held.sum() > counts[rank].sum():
+                counts[rank] = held
+    return counts
+
+
+def p2p_links(costs: UnitCosts, parallel: ParallelConfig) -> np.ndarray:
+    """(PP,) one transfer over the boundary after rank r (the last wraps to rank 0).
+
+    Global ranks run tp-cp-ep-dp-pp with PP outermost, so stage r holds ranks
+    ``r*k .. r*k + k - 1`` (k = world / PP) and a boundary is fast only if every pair of peers
+    on it shares a node.
+    """
+    per_stage = parallel.world_size // parallel.pp
+    node = costs.gpus_per_node
+    links = np.empty(parallel.pp)
+    for rank in range(parallel.pp):
+        peer = (rank + 1) % parallel.pp
+        same_node = all(
+            (rank * per_stage + j) // node == (peer * per_stage + j) // node
+            for j in range(per_stage)
+        )
+        links[rank] = costs.p2p_intra_node_ms if same_node else costs.p2p_inter_node_ms
+    return links
+
+
+def decoder_units(model: ModelSpec) -> tuple[str, ...]:
+    return tuple(name for name in unit_sizes(model) if name.startswith("t"))
+
+
+def build_cost_model(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    costs: UnitCosts,
+    num_microbatches: int,
+    group_size: int | None = None,
+) -> CostModel:
+    """Arrays over the model's units for a run of ``parallel`` sizes and ``num_microbatches``."""
+    sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
+    units = tuple(sizes)
+    missing = [u for u in units if u not in costs.forward_ms]
+    if missing:
+        raise ConfigError(
+            f"costs for {costs.model} lack unit(s) {', '.join(missing)} that {model.name} needs"
+            + (
+                " (mixed dense/MoE models need t_dense and t_moe)"
+                if "t" in costs.forward_ms
+                else ""
+            )
+        )
+    calibration = np.array([costs.memory_calibration.get(u, 1.0) for u in units])
+    static = [static_memory(sizes[u].params, parallel) for u in units]
+    in_flight = in_flight_at_peak(parallel.pp, parallel.vpp, num_microbatches, group_size)
+    embedding = static_memory(sizes[EMBEDDING].params, parallel)
+    return CostModel(
+        units=units,
+        moe_pattern=model.moe_layer_pattern,
+        forward_ms=np.array([costs.forward_ms[u] for u in units]),
+        backward_ms=np.array([costs.backward_ms[u] for u in units]),
+        jitter_cv=np.array([costs.jitter_cv.get(u, 0.0) for u in units]),
+        static_bytes=np.array([m.total for m in static]),
+        activation_bytes=np.array([activation_bytes(model, parallel, u) for u in units])
+        * calibration,
+        tail_params=np.array([m.weights / WEIGHT_BYTES / 1e9 for m in static]),
+        p2p_ms=p2p_links(costs, parallel),
+        tail_ms_per_gparam=costs.grad_sync_ms_per_gparam + costs.optimizer_ms_per_gparam,
+        logits_bytes=logits_bytes(model, parallel)
+        * costs.memory_calibration.get(LOSS, 1.0)
+        * in_flight[-1, -1],
+        standalone_copy_bytes=embedding.total,
+        standalone_copy_params=embedding.weights / WEIGHT_BYTES / 1e9,
+        overhead_bytes=costs.memory_overhead_gib * GIB,
+        mtp_standalone_factor=costs.mtp_standalone_factor,
+        in_flight=in_flight,
+    )

@@ -1,0 +1,132 @@
+"""Score batches of layouts: stage costs, simulated step (noise-free and Monte Carlo), memory.
+
+Layouts arrive as unit counts per flat stage, ``counts[n, stage, unit]``; every cost is linear in
+them, so a batch of thousands of layouts turns into a few matrix products and one
+:func:`search.schedule.simulate` call.  Monte Carlo noise uses common random numbers: the same
+standard normals for every layout of a run, so that comparisons between layouts are not swamped by
+sampling noise and a layout scores the same whichever shard evaluates it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from search.cost_model import CostModel
+from search.schedule import Program, simulate
+
+NEAR_BOTTLENECK = 0.02  # a rank within 2% of the slowest counts as near the bottleneck
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One row per layout of the batch."""
+
+    noise_free_ms: np.ndarray  # (n,)
+    rank_load_ms: np.ndarray  # (n, PP) compute per micro-batch, all chunks of the rank
+    memory_bytes: np.ndarray  # (n, PP) peak per rank
+    standalone: np.ndarray  # (n,) bool
+
+    @property
+    def bottleneck_rank(self) -> np.ndarray:
+        return self.rank_load_ms.argmax(axis=1)
+
+    @property
+    def near_bottleneck(self) -> np.ndarray:
+        peak = self.rank_load_ms.max(axis=1, keepdims=True)
+        return (self.rank_load_ms >= (1 - NEAR_BOTTLENECK) * peak).sum(axis=1)
+
+    @property
+    def peak_memory_bytes(self) -> np.ndarray:
+        return self.memory_bytes.max(axis=1)
+
+
+def stage_times(model: CostModel, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(n, S) forward and backward ms of each flat stage."""
+    return counts @ model.forward_ms, counts @ model.backward_ms
+
+
+def _per_rank(values: np.ndarray, pp: int) -> np.ndarray:
+    """(n, S) per flat stage -> (n, PP) summed over each rank's chunks."""
+    return values.reshape(values.shape[0], -1, pp).sum(axis=1)
+
+
+def _standalone_rank(counts: np.ndarray, model: CostModel, pp: int) -> np.ndarray:
+    """(n, PP) bool: the rank holds MTP but not the loss (it then builds an embedding copy)."""
+    per_rank = counts.reshape(counts.shape[0], -1, pp, counts.shape[2]).sum(axis=1)
+    mtp = per_rank[..., model.units.index("m")] > 0 if "m" in model.units else None
+    if mtp is None:
+        return np.zeros(per_rank.shape[:2], dtype=bool)
+    return mtp & (per_rank[..., model.units.index("L")] == 0)
+
+
+def memory(model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
+    """(n, PP) peak bytes per rank: static state, activations in flight, logits, overhead."""
+    n, stages, _ = counts.shape
+    static = _per_rank(counts @ model.static_bytes, pp)
+    activations = (counts @ model.activation_bytes).reshape(n, stages // pp, pp)
+    in_flight = model.in_flight.T[None]  # (1, VPP, PP)
+    total = static + (activations * in_flight).sum(axis=1) + model.overhead_bytes
+    total[:, -1] += model.logits_bytes
+    return total + _standalone_rank(counts, model, pp) * model.standalone_copy_bytes
+
+
+def tail_ms(model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
+    """(n, PP) gradient sync + optimizer step of each rank after the pipeline."""
+    params = _per_rank(counts @ model.tail_params, pp)
+    params = params + _standalone_rank(counts, model, pp) * model.standalone_copy_params
+    return params * model.tail_ms_per_gparam
+
+
+def score(program: Program, model: CostModel, counts: np.ndarray) -> Scores:
+    """Noise-free step, loads and memory of a batch of layouts."""
+    forward, backward = stage_times(model, counts)
+    tail = tail_ms(model, counts, program.pp)
+    standalone = _standalone_rank(counts, model, program.pp).any(axis=1)
+    times = simulate(program, forward.T, backward.T, model.p2p_ms, tail.T)
+    factor = np.where(standalone, model.mtp_standalone_factor, 1.0)
+    return Scores(
+        noise_free_ms=times.step * factor,
+        rank_load_ms=_per_rank(forward + backward, program.pp),
+        memory_bytes=memory(model, counts, program.pp),
+        standalone=standalone,
+    )
+
+
+def standard_normals(program: Program, samples: int, seed: int) -> np.ndarray:
+    """(compute ops, samples) draws shared by every layout of a run."""
+    return np.random.default_rng(seed).standard_normal((program.num_compute, samples))
+
+
+def monte_carlo(
+    program: Program, model: CostModel, counts: np.ndarray, normals: np.ndarray
+) -> np.ndarray:
+    """(n, samples) step times with per-op lognormal noise (mean 1) of each stage's CV.
+
+    A stage's CV combines its units' as independent parts: sqrt(sum (cv_u * t_u)^2) / sum t_u.
+    """
+    n = counts.shape[0]
+    samples = normals.shape[1]
+    forward, backward = stage_times(model, counts)
+    spread_f = np.sqrt(counts @ (model.jitter_cv * model.forward_ms) ** 2)
+    spread_b = np.sqrt(counts @ (model.jitter_cv * model.backward_ms) ** 2)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cv = np.nan_to_num(np.concatenate([spread_f / forward, spread_b / backward], axis=1))
+    sigma = np.sqrt(np.log1p(cv**2))  # (n, 2S) lognormal parameters for mean 1
+    ops = program.compute_slot[program.is_compute]  # slot of each compute op
+    op_sigma = sigma[:, ops].T  # (C, n)
+    noise = np.exp(op_sigma[:, :, None] * normals[:, None, :] - op_sigma[:, :, None] ** 2 / 2)
+    repeat = np.repeat(np.arange(n), samples)
+    tail = tail_ms(model, counts, program.pp)
+    times = simulate(
+        program,
+        forward.T[:, repeat],
+        backward.T[:, repeat],
+        model.p2p_ms,
+        tail.T[:, repeat],
+        noise=noise.reshape(noise.shape[0], n * samples),
+    )
+    standalone = _standalone_rank(counts, model, program.pp).any(axis=1)
+    factor = np.where(standalone, model.mtp_standalone_factor, 1.0)
+    return times.step.reshape(n, samples) * factor[:, None]
