@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import shutil
 import json
 import sys
 from collections.abc import Sequence
@@ -19,9 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ray_layout.baselines import count_based, megatron_default
+from ray_layout.costs import UnitCosts, costs_from_flops, load_costs
 from ray_layout.layout import Layout, LayoutError, placement_problems, pretty, validate
 from ray_layout.loading import load_recipe
 from ray_layout.model import ConfigError, Recipe, with_parallel
+from ray_layout.plots import draw_timeline
 from ray_layout.sizing import (
     DECODER,
     StageSize,
@@ -30,10 +33,13 @@ from ray_layout.sizing import (
     static_memory,
     unit_sizes,
 )
+from search.planner import Candidate, Plan, PlanOptions, SearchSpec, plan, simulate_given
+from search.schedule import compile_schedule
 from search.space import LayoutSpace
 
 EXIT_BAD_INPUT = 2
 GIB = 2**30
+FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed by --costs flops
 
 
 def check_interleaving(pp: int, vpp: int, overlap_p2p_comm: bool = False) -> None:
@@ -254,6 +260,233 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> None:
         console.print(f"warning: {warning}")
 
 
+def _costs_from_args(args: argparse.Namespace, recipe: Recipe) -> UnitCosts:
+    if args.costs == "flops":
+        print(
+            "warning: --costs flops derives unit costs from FLOPs at "
+            f"{FLOPS_TFLOPS:.0f} TFLOP/s per GPU; measured costs differ (the MTP and output "
+            "layers most), so profile and fit before trusting a pick",
+            file=sys.stderr,
+        )
+        return costs_from_flops(recipe.model, recipe.parallel, FLOPS_TFLOPS)
+    return load_costs(args.costs)
+
+
+def _search_from_args(args: argparse.Namespace, recipe: Recipe) -> tuple[SearchSpec, PlanOptions]:
+    parallel = recipe.parallel
+    microbatches = args.micro_batches or parallel.num_microbatches_or_none
+    if not microbatches:
+        raise ConfigError(
+            "the number of micro-batches is unknown: give --micro-batches, or "
+            "--global-batch-size (micro-batches = global / (micro-batch size x DP))"
+        )
+    if microbatches < 1:
+        raise ConfigError(f"--micro-batches must be >= 1, got {microbatches}")
+    if args.hbm_gb is not None and args.hbm_gb <= 0:
+        raise ConfigError(f"--hbm-gb must be positive, got {args.hbm_gb}")
+    check_interleaving(parallel.pp, parallel.vpp)
+    spec = SearchSpec(
+        num_microbatches=microbatches,
+        group_size=args.group_size,
+        allow_standalone_mtp=getattr(args, "allow_standalone_mtp", False),
+        allow_empty_stages=getattr(args, "allow_empty_stages", False),
+        shards=getattr(args, "shards", 1),
+    )
+    try:
+        compile_schedule(parallel.pp, parallel.vpp, microbatches, args.group_size)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    options = PlanOptions(
+        top=getattr(args, "top", 10), samples=args.samples, seed=args.seed, hbm_gib=args.hbm_gb
+    )
+    return spec, options
+
+
+def _candidate_row(c: Candidate) -> dict[str, Any]:
+    return {
+        "layout": c.layout,
+        "mean_ms": c.mean_ms,
+        "p90_ms": c.p90_ms,
+        "noise_free_ms": c.noise_free_ms,
+        "bottleneck_rank": c.bottleneck_rank,
+        "near_bottleneck": c.near_bottleneck,
+        "memory_gib": list(c.memory_gib),
+        "fits": c.fits,
+        "mtp_standalone": c.mtp_standalone,
+    }
+
+
+def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any]:
+    rows = []
+    for c in result.candidates:
+        row = _candidate_row(c)
+        row["speedup_vs_default"] = result.speedup(c, "Megatron default")
+        row["speedup_vs_count_based"] = result.speedup(c, "count-based rule")
+        rows.append(row)
+    return {
+        "model": recipe.model.name,
+        "pp": recipe.parallel.pp,
+        "vpp": recipe.parallel.vpp,
+        "micro_batches": spec.num_microbatches,
+        "method": result.method,
+        "valid_layouts": result.valid_layouts,
+        "space_size": result.space_size,
+        "scored": result.scored,
+        "monte_carlo": result.sampled,
+        "rejected_memory": result.rejected_memory,
+        "proven_bound_ms": result.proven_bound_ms,
+        "candidates": rows,
+        "baselines": [
+            {"name": b.name, "reason": b.reason}
+            | (_candidate_row(b.candidate) if b.candidate else {})
+            for b in result.baselines
+        ],
+    }
+
+
+def _speedup(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"
+
+
+def print_plan(report: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"{report['model']}: PP={report['pp']} VPP={report['vpp']}, "
+        f"{report['micro_batches']} micro-batches"
+    )
+    for column in ("#", "layout", "mean ms", "p90 ms", "bottleneck", "near", "GiB/stage",
+                   "vs default", "vs count"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "layout" else "right", no_wrap=True)
+
+    def add(label: str, row: dict[str, Any], vs_default: str, vs_count: str) -> None:
+        table.add_row(
+            label,
+            row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else ""),
+            f"{row['mean_ms']:,.1f}",
+            f"{row['p90_ms']:,.1f}",
+            f"rank {row['bottleneck_rank']}",
+            str(row["near_bottleneck"]),
+            " ".join(f"{m:.0f}" for m in row["memory_gib"]) + ("" if row["fits"] else " OOM"),
+            vs_default,
+            vs_count,
+        )
+
+    for index, row in enumerate(report["candidates"], 1):
+        add(str(index), row, _speedup(row["speedup_vs_default"]),
+            _speedup(row["speedup_vs_count_based"]))  # fmt: skip
+    table.add_section()
+    for base in report["baselines"]:
+        if "layout" in base:
+            add(base["name"], base, "", "")
+    console.print(table)
+    for base in report["baselines"]:
+        if "layout" not in base:
+            console.print(f"{base['name']}: none ({base['reason']})", highlight=False)
+    searched = (
+        f"{report['scored']:,} layouts simulated by {report['method']}"
+        f" of {report['space_size']:,} in the space ({report['valid_layouts']:,} valid), "
+        f"{report['monte_carlo']:,} with Monte Carlo jitter"
+    )
+    if report["rejected_memory"]:
+        searched += f", {report['rejected_memory']:,} over the HBM limit"
+    if report["proven_bound_ms"] is not None:
+        searched += f"; every layout not listed takes >= {report['proven_bound_ms']:,.1f} ms"
+    console.print(searched, highlight=False)
+    if report["candidates"]:
+        best = report["candidates"][0]["layout"]
+        flags = f'--pipeline-model-parallel-layout "{best}"'
+        console.print(f"flag to paste: {flags}", highlight=False, markup=False)
+    else:
+        console.print("no layout fits: raise --hbm-gb or add parallelism", highlight=False)
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> None:
+    recipe = _recipe_from_args(args)
+    costs = _costs_from_args(args, recipe)
+    spec, options = _search_from_args(args, recipe)
+    if spec.shards > 1:
+        _start_ray(args.ray_address, spec.shards)
+    result = plan(recipe.model, recipe.parallel, costs, spec, options)
+    report = plan_report(recipe, result, spec)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_plan(report, console)
+
+
+def _start_ray(address: str | None, shards: int) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, logging_level="ERROR")
+        else:
+            ray.init(num_cpus=shards, include_dashboard=False, logging_level="ERROR",
+                     object_store_memory=200 * 2**20)  # fmt: skip
+
+
+def cmd_simulate(args: argparse.Namespace, console: Console) -> None:
+    recipe = _recipe_from_args(args)
+    layout = Layout.parse(args.layout, recipe.parallel.pp)
+    validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
+    recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
+    costs = _costs_from_args(args, recipe)
+    spec, options = _search_from_args(args, recipe)
+    result = simulate_given(layout, recipe.model, recipe.parallel, costs, spec, options)
+    if args.timeline:
+        draw_timeline(result.events, result.tail_ms, args.timeline,
+                      f"{layout}  ({spec.num_microbatches} micro-batches)")  # fmt: skip
+    report = _candidate_row(result.candidate) | {
+        "busy_ms": list(result.busy_ms),
+        "idle_ms": list(result.idle_ms),
+        "tail_ms": list(result.tail_ms),
+        "bubble_fraction": result.bubble_fraction,
+        "timeline": str(args.timeline) if args.timeline else None,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(
+        f"{layout}: mean {report['mean_ms']:,.1f} ms, p90 {report['p90_ms']:,.1f} ms, "
+        f"noise-free {report['noise_free_ms']:,.1f} ms; bubble {report['bubble_fraction']:.1%}",
+        highlight=False,
+    )
+    table = Table()
+    for column in ("PP rank", "units", "busy ms", "idle ms", "tail ms", "GiB"):
+        table.add_column(column, justify="right")
+    for rank in range(layout.pp):
+        table.add_row(
+            str(rank),
+            "|".join(layout.rank_chunks(rank)),
+            f"{report['busy_ms'][rank]:,.1f}",
+            f"{report['idle_ms'][rank]:,.1f}",
+            f"{report['tail_ms'][rank]:,.1f}",
+            f"{report['memory_gib'][rank]:.1f}",
+        )
+    console.print(table)
+    if args.timeline:
+        console.print(f"timeline written to {args.timeline}", highlight=False)
+
+
+def _add_search_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--costs", required=True, help="COSTS.json (docs/costs.md), or 'flops' to derive from FLOPs"
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        help="micro-batches per step (default: global / (micro-batch x DP))",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        help="micro-batch group size of the interleaved schedule (default PP)",
+    )
+    parser.add_argument("--hbm-gb", type=float, help="GPU memory limit in GiB")
+    parser.add_argument("--samples", type=int, default=256, help="Monte Carlo samples")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print JSON")  # fmt: skip
+
+
 def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("parallel sizes (override the config's)")
     for flag in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp"):
@@ -305,12 +538,31 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--overlap-p2p-comm", action="store_true")
     check.add_argument("--json", action="store_true", help="print JSON")
     check.set_defaults(run=cmd_validate)
+
+    planner = commands.add_parser("plan", help="rank every valid layout by simulated step time")
+    planner.add_argument("config", help=config_help)
+    _add_parallel_flags(planner)
+    _add_search_flags(planner)
+    planner.add_argument("--top", type=int, default=10, help="how many layouts to show")
+    planner.add_argument("--allow-empty-stages", action="store_true")
+    planner.add_argument("--allow-standalone-mtp", action="store_true")
+    planner.add_argument("--shards", type=int, default=1, help="Ray tasks for the search")
+    planner.add_argument("--ray-address", help="Ray cluster to shard on (default: start one)")
+    planner.set_defaults(run=cmd_plan)
+
+    sim = commands.add_parser("simulate", help="simulate one layout's step in detail")
+    sim.add_argument("config", help=config_help)
+    sim.add_argument("layout", help="e.g. 'Et*5|t*6|t*5|mL'")
+    _add_parallel_flags(sim)
+    _add_search_flags(sim)
+    sim.add_argument("--timeline", help="write a Gantt chart (PNG, SVG or PDF)")
+    sim.set_defaults(run=cmd_simulate)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    console = Console(width=max(shutil.get_terminal_size().columns, 120))
     try:
         args.run(args, console)
     except (ConfigError, LayoutError) as exc:

@@ -110,6 +110,13 @@ class ParallelConfig:
         return self.world_size // (self.etp * self.ep * self.pp)
 
     @property
+    def num_microbatches_or_none(self) -> int | None:
+        """Micro-batches per step, when the global batch size is known."""
+        if not self.global_batch_size:
+            return None
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
     def num_micro_batches(self) -> int:
         return self.global_batch_size // (self.micro_batch_size * self.dp)
 

@@ -19,9 +19,9 @@ from ray_layout.costs import UnitCosts
 from ray_layout.layout import Layout, LayoutError, format_stages
 from ray_layout.model import ModelSpec, ParallelConfig
 from search.cost_model import CostModel, build_cost_model
-from search.evaluate import Scores, monte_carlo, score, standard_normals
+from search.evaluate import Scores, monte_carlo, score, stage_times, standard_normals, tail_ms
 from search.exact import exact_search
-from search.schedule import Program, compile_schedule
+from search.schedule import Event, Program, compile_schedule, simulate, timeline
 from search.space import LayoutSpace
 
 GIB = 2**30
@@ -83,6 +83,7 @@ def rank_key(candidate: Candidate, grid_ms: float, hbm_gib: float | None) -> tup
         int(candidate.mean_ms // grid_ms),
         candidate.near_bottleneck,
         -round(headroom, 6),
+        candidate.mean_ms,
         candidate.layout,
     )
 
@@ -227,10 +228,8 @@ def merge(results: list[ShardResult], top: int) -> ShardResult:
     )
 
 
-def score_layout(
-    layout: Layout, program: Program, model: CostModel, options: PlanOptions
-) -> Candidate:
-    """Score one given layout (a baseline) exactly as the search scores its candidates."""
+def _layout_counts(layout: Layout, model: CostModel) -> tuple[LayoutSpace, np.ndarray, np.ndarray]:
+    """(space, cuts, counts) of one given layout, in the search's own representation."""
     space = LayoutSpace(
         layout.flat.count("t"),
         layout.flat.count("m"),
@@ -245,7 +244,14 @@ def score_layout(
     # a stage boundary in symbols -> in items, where the MTP block counts as one item
     mtp_start = layout.flat.find("m") if mtp else len(layout.flat)
     items = np.array([[b if b <= mtp_start else b - mtp + 1 for b in bounds]], dtype=np.int64)
-    counts = space.unit_counts(items, model.units, model.moe_pattern)
+    return space, items, space.unit_counts(items, model.units, model.moe_pattern)
+
+
+def score_layout(
+    layout: Layout, program: Program, model: CostModel, options: PlanOptions
+) -> Candidate:
+    """Score one given layout (a baseline) exactly as the search scores its candidates."""
+    space, items, counts = _layout_counts(layout, model)
     scores = score(program, model, counts)
     steps = None
     if model.has_jitter:
@@ -373,6 +379,43 @@ def score_given(
     program = compile_schedule(run.pp, run.vpp, spec.num_microbatches, spec.group_size)
     cost_model = build_cost_model(model, run, costs, spec.num_microbatches, spec.group_size)
     return score_layout(layout, program, cost_model, options)
+
+
+@dataclass(frozen=True)
+class LayoutSimulation:
+    """One layout's noise-free step in detail, for ``simulate`` and the report."""
+
+    candidate: Candidate
+    events: tuple[Event, ...]
+    busy_ms: tuple[float, ...]
+    idle_ms: tuple[float, ...]
+    tail_ms: tuple[float, ...]
+    bubble_fraction: float
+
+
+def simulate_given(
+    layout: Layout,
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    costs: UnitCosts,
+    spec: SearchSpec,
+    options: PlanOptions,
+) -> LayoutSimulation:
+    run = replace(parallel, vpp=layout.vpp)
+    program = compile_schedule(run.pp, run.vpp, spec.num_microbatches, spec.group_size)
+    cost_model = build_cost_model(model, run, costs, spec.num_microbatches, spec.group_size)
+    _, _, counts = _layout_counts(layout, cost_model)
+    forward, backward = stage_times(cost_model, counts)
+    tail = tail_ms(cost_model, counts, run.pp)
+    times = simulate(program, forward.T, backward.T, cost_model.p2p_ms, tail.T, keep_events=True)
+    return LayoutSimulation(
+        candidate=score_layout(layout, program, cost_model, options),
+        events=tuple(timeline(program, times)),
+        busy_ms=tuple(times.busy[:, 0].tolist()),
+        idle_ms=tuple(times.idle[:, 0].tolist()),
+        tail_ms=tuple(times.tail[:, 0].tolist()),
+        bubble_fraction=float(times.bubble_fraction[0]),
+    )
 
 
 def baselines(
