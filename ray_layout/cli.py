@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import shutil
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, replace
