@@ -174,6 +174,7 @@ class LayoutSpace:
             DECODER: decoder,
             "t_moe": moe,
             "t_dense": decoder - moe,
+            MTP: np.zeros(low.shape),
         }
         if self._mtp_item is not None:
             holds = (low <= self._mtp_item) & (high > self._mtp_item)
