@@ -335,6 +335,8 @@ def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any
         "monte_carlo": result.sampled,
         "rejected_memory": result.rejected_memory,
         "proven_bound_ms": result.proven_bound_ms,
+        "search_complete": result.complete,
+        "search_nodes": result.nodes,
         "candidates": rows,
         "baselines": [
             {"name": b.name, "reason": b.reason}
@@ -389,7 +391,15 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
     if report["rejected_memory"]:
         searched += f", {report['rejected_memory']:,} over the HBM limit"
     if report["proven_bound_ms"] is not None:
-        searched += f"; every layout not listed takes >= {report['proven_bound_ms']:,.1f} ms"
+        bound = report["proven_bound_ms"]
+        searched += f" ({report['search_nodes']:,} search nodes); "
+        if report["search_complete"]:
+            searched += f"proven: every layout not listed takes >= {bound:,.1f} ms"
+        else:
+            searched += f"node budget spent: no layout is faster than {bound:,.1f} ms"
+            if report["candidates"]:
+                gap = 1 - bound / report["candidates"][0]["noise_free_ms"]
+                searched += f", so the pick is within {max(gap, 0):.1%} of the optimum"
     console.print(searched, highlight=False)
     if report["candidates"]:
         best = report["candidates"][0]["layout"]

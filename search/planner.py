@@ -282,6 +282,7 @@ class Plan:
     rejected_memory: int
     proven_bound_ms: float | None = None  # exact search: nothing it skipped is faster
     nodes: int = 0
+    complete: bool = True  # False: the exact search ran out of its node budget
 
     def speedup(self, candidate: Candidate, baseline: str) -> float | None:
         for b in self.baselines:
@@ -300,6 +301,7 @@ class SearchSpec:
     allow_empty_stages: bool = False
     shards: int = 1  # Ray tasks; 1 runs in this process
     enumerate_limit: int = 5_000_000  # larger spaces go to the exact search
+    node_limit: int = 300_000  # the exact search's budget of search-tree nodes
 
 
 def plan(
@@ -327,14 +329,16 @@ def plan(
             result = _sharded(space, program, cost_model, options, grid_ms, spec.shards)
         else:
             result = evaluate_shard(space, program, cost_model, options, grid_ms)
-        bound, nodes, method = None, 0, "enumeration"
+        bound, nodes, complete, method = None, 0, True, "enumeration"
     else:
-        found = exact_search(space, program, cost_model, options.top, options.hbm_gib)
+        found = exact_search(space, program, cost_model, options.top, options.hbm_gib,
+                             node_limit=spec.node_limit)  # fmt: skip
         counts = space.unit_counts(found.cuts, cost_model.units, cost_model.moe_pattern)
         scores = score(program, cost_model, counts)
         top, sampled = best_of(space, program, cost_model, options, found.cuts, scores, grid_ms)
         result = ShardResult(tuple(top), found.simulated, sampled, found.rejected_memory)
-        bound, nodes, method = found.proven_bound_ms, found.nodes, "exact search"
+        bound, nodes, complete = found.proven_bound_ms, found.nodes, found.complete
+        method = "exact search"
     return Plan(
         candidates=result.candidates,
         baselines=baselines(model, parallel, costs, spec, options),
@@ -346,6 +350,7 @@ def plan(
         rejected_memory=result.rejected_memory,
         proven_bound_ms=bound,
         nodes=nodes,
+        complete=complete,
     )
 
 

@@ -238,6 +238,7 @@ class Program:
     pp: int
     vpp: int
     num_microbatches: int
+    group_size: int  # micro-batches per group of the interleaved schedule (PP by default)
     order: tuple[int, ...]  # op ids in an order where every dependency comes first
     rank: np.ndarray  # op id -> PP rank
     previous: np.ndarray  # op id -> previous op on the same rank, -1 for the first
@@ -374,6 +375,7 @@ def compile_schedule(
         pp=pp,
         vpp=vpp,
         num_microbatches=num_microbatches,
+        group_size=group_size or pp,
         order=tuple(order),
         rank=np.array(rank_of),
         previous=previous,
