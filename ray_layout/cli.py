@@ -274,8 +274,10 @@ def _costs_from_args(args: argparse.Namespace, recipe: Recipe) -> UnitCosts:
 
 def _search_from_args(args: argparse.Namespace, recipe: Recipe) -> tuple[SearchSpec, PlanOptions]:
     parallel = recipe.parallel
-    microbatches = args.micro_batches or parallel.num_microbatches_or_none
-    if not microbatches:
+    microbatches = (
+        args.micro_batches if args.micro_batches is not None else parallel.num_microbatches_or_none
+    )
+    if microbatches is None:
         raise ConfigError(
             "the number of micro-batches is unknown: give --micro-batches, or "
             "--global-batch-size (micro-batches = global / (micro-batch size x DP))"

@@ -110,3 +110,66 @@ def test_seq_length_override_scales_attention_flops(capsys):
     assert long["units"][1]["forward_gflops_per_microbatch"] > (
         2 * short["units"][1]["forward_gflops_per_microbatch"]
     )
+
+
+COSTS = "configs/costs/handbook_h200_example.json"
+
+
+def test_plan_prints_the_pick_baselines_and_flag(capsys):
+    assert main(["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--hbm-gb", "131",
+                 "--top", "3", "--samples", "32"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert 'flag to paste: --pipeline-model-parallel-layout "Et*5|t*6|t*5|mL"' in out
+    assert "Megatron default" in out and "count-based rule" in out
+    assert "680 layouts simulated by enumeration" in out
+
+
+def test_plan_json_speedups_and_memory(capsys):
+    report = run_json(capsys, "plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--top", "2",
+                      "--samples", "16", "--micro-batches", "16")  # fmt: skip
+    best = report["candidates"][0]
+    assert report["micro_batches"] == 16
+    assert best["speedup_vs_default"] > 1.3 and best["speedup_vs_count_based"] > 1.05
+    assert len(best["memory_gib"]) == 4 and best["p90_ms"] >= best["noise_free_ms"] * 0.99
+    assert [b["layout"] for b in report["baselines"]] == ["Et*4|t*4|t*4|t*4mL",
+                                                          "Et*4|t*5|t*5|t*2mL"]  # fmt: skip
+
+
+def test_plan_with_flops_costs_warns(capsys):
+    assert main(["plan", HANDBOOK, "--pp", "4", "--costs", "flops", "--top", "1", "--samples",
+                 "8", "--json"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["candidates"]
+    assert "measured costs differ" in captured.err
+
+
+def test_simulate_writes_a_timeline(capsys, tmp_path):
+    picture = tmp_path / "timeline.png"
+    report = run_json(capsys, "simulate", HANDBOOK, "Et*5|t*6|t*5|mL", "--costs", COSTS,
+                      "--timeline", str(picture))  # fmt: skip
+    assert picture.stat().st_size > 10_000 and picture.read_bytes()[:4] == b"\x89PNG"
+    assert report["layout"] == "Et*5|t*6|t*5|mL"
+    assert 0 < report["bubble_fraction"] < 0.5
+    busy, idle, tail = report["busy_ms"], report["idle_ms"], report["tail_ms"]
+    for rank in range(4):
+        assert busy[rank] + idle[rank] + tail[rank] == pytest.approx(report["noise_free_ms"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", HANDBOOK, "--pp", "4", "--costs", "missing.json"], "cannot read"),
+        (["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--micro-batches", "0"],
+         "--micro-batches must be >= 1"),
+        (["plan", HANDBOOK, "--pp", "4", "--vpp", "2", "--costs", COSTS, "--micro-batches",
+          "3"], "needs micro-batches"),
+        (["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--hbm-gb", "-1"], "positive"),
+        (["simulate", HANDBOOK, "Et*5|t*6|t*5|L", "--costs", COSTS], "MTP layers"),
+        (["plan", DEEPSEEK, "--pp", "4", "--costs", COSTS, "--micro-batches", "8"],
+         "lack unit(s) t_moe, t_dense"),
+    ],
+)  # fmt: skip
+def test_plan_errors_are_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
