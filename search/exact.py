@@ -15,6 +15,7 @@ work still unplaced is spread by water-filling over the ranks that still have st
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,6 +84,63 @@ def _serial_p2p(program: Program, p2p_ms: np.ndarray) -> np.ndarray:
         for op_id in {calls[0], calls[-1]} if calls else ():
             totals[rank] -= min(p2p_ms[link] for _, link in program.transfers[op_id])
     return totals
+
+
+def _one_f_one_b_stage_bounds(
+    program: Program,
+    f_prefix: np.ndarray,
+    b_prefix: np.ndarray,
+    tail_prefix: np.ndarray,
+    hops: np.ndarray,
+    serial_p2p: np.ndarray,
+    forwards_first: list[int],
+) -> list[np.ndarray]:
+    """[rank][a, b]: a lower bound on the step of any 1F1B layout whose stage r holds items
+    a..b-1 — with one chunk per rank, everything before the stage sits on earlier ranks and
+    everything after on later ones, so the stage alone fixes each term:
+
+    * fill: micro-batch 0 reaches the rank, then M micro-batches of its work and its p2p calls,
+      then its own step tail or the drain back to rank 0;
+    * first backward: micro-batch 0 goes forward through everything and back to the rank, which
+      then still has M backwards and M - q forwards, then the drain or its tail.
+    """
+    m = program.num_microbatches
+    n = len(f_prefix)
+    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    forward = f_prefix[b] - f_prefix[a]
+    backward = b_prefix[b] - b_prefix[a]
+    tail = tail_prefix[b] - tail_prefix[a]
+    round_trip = 2 * hops[-1]
+    bounds = []
+    for rank in range(program.pp):
+        drain = b_prefix[a] + hops[rank]
+        after = max(0.0, 0.0)
+        fill = f_prefix[a] + hops[rank] + m * (forward + backward) + serial_p2p[rank]
+        first = (f_prefix[-1] + b_prefix[-1] - b_prefix[b] + round_trip - 2 * hops[rank]
+                 + m * backward + (m - forwards_first[rank]) * forward + after)  # fmt: skip
+        bound = np.maximum(fill, first) + np.maximum(tail, drain)
+        bounds.append(np.where(b > a, bound, np.inf))
+    return bounds
+
+
+def _suffix_minmax(
+    stage_bounds: list[np.ndarray], mtp_item: int | None, standalone: bool
+) -> list[np.ndarray]:
+    """[k][a]: the least possible largest stage bound over stages k.. when stage k starts at
+    item a (dynamic programming over the stage boundaries)."""
+    stages, n = len(stage_bounds), stage_bounds[0].shape[0]
+    best = [np.full(n, np.inf) for _ in range(stages + 1)]
+    best[stages][n - 1] = 0.0
+    for k in range(stages - 1, -1, -1):
+        table = np.maximum(stage_bounds[k], best[k + 1][None, :])
+        if k == stages - 1:
+            table = np.where(np.arange(n)[None, :] == n - 1, table, np.inf)
+            if mtp_item is not None and not standalone:
+                table[mtp_item + 1 :, :] = np.inf  # the last stage must hold the MTP block
+        elif mtp_item is not None and not standalone:
+            table[:, mtp_item + 1 :] = np.inf  # earlier stages end before the MTP block
+        best[k] = table.min(axis=1)
+    return best
 
 
 def _forwards_before_first_backward(program: Program, rank: int) -> int:
@@ -161,6 +219,7 @@ def exact_search(
     gap: float = 0.0,
     batch: int = 512,
     node_limit: int = 2_000_000,
+    time_limit_s: float = float("inf"),
 ) -> ExactResult:
     """The ``top`` layouts with the smallest noise-free simulated step, by branch and bound."""
     if space.allow_empty_stages:
@@ -195,7 +254,7 @@ def exact_search(
     best: list[tuple[float, tuple[int, ...]]] = []  # max-heap of the top (negated steps)
     pending: list[tuple[int, ...]] = []
     seen: set[tuple[int, ...]] = set()
-    state = {"simulated": 0, "nodes": 0, "pruned": np.inf, "rejected": 0}
+    state = {"simulated": 0, "nodes": 0, "pruned": np.inf, "rejected": 0, "out_of_time": False}
 
     def threshold() -> float:
         return -best[0][0] if len(best) >= top else np.inf
@@ -290,8 +349,22 @@ def exact_search(
         # explore by the fill/drain bound (it ranks balanced children first), prune by all
         return np.where(over_cap, np.maximum(bound, threshold()), bound), best_bound
 
-    def descend(k: int, start: int, loads: np.ndarray, tails: np.ndarray, cuts: list[int]) -> None:
+    suffix_best = stage_bounds = None
+    if space.vpp == 1:
+        stage_bounds = _one_f_one_b_stage_bounds(
+            program, f_prefix, b_prefix, tail_prefix, hops, serial_p2p,
+            [_forwards_before_first_backward(program, r) for r in range(pp)],
+        )  # fmt: skip
+        suffix_best = _suffix_minmax(stage_bounds, mtp_item, space.allow_standalone_mtp)
+
+    deadline = time.monotonic() + time_limit_s
+
+    def descend(
+        k: int, start: int, loads: np.ndarray, tails: np.ndarray, cuts: list[int], worst: float
+    ) -> None:
         state["nodes"] += 1
+        if state["nodes"] % 1024 == 0 and time.monotonic() > deadline:
+            state["out_of_time"] = True
         if k == stages - 1:
             pending.append(tuple(cuts))
             if len(pending) >= batch:
@@ -305,10 +378,14 @@ def exact_search(
             ends = ends[ends <= mtp_item]  # MTP only in the last virtual chunk
         if not len(ends):
             return
-        lower, preference = bounds(loads, tails, cuts, start, k, ends)
+        if stage_bounds is not None:  # 1F1B: the exact min-max of per-stage bounds below
+            own = np.maximum(worst, stage_bounds[k][start, ends])
+            lower = preference = np.maximum(own, suffix_best[k + 1][ends])
+        else:
+            lower, preference = bounds(loads, tails, cuts, start, k, ends)
         order = np.argsort(preference, kind="stable")
         for position, index in enumerate(order):
-            if state["nodes"] >= node_limit:  # out of budget: what is left stays unproven
+            if state["nodes"] >= node_limit or state["out_of_time"]:  # what is left is unproven
                 state["pruned"] = min(state["pruned"], float(lower[order[position:]].min()))
                 break
             if lower[index] >= threshold() * (1 - gap):
@@ -319,7 +396,8 @@ def exact_search(
             child, child_tail = loads.copy(), tails.copy()
             child[k % pp] += prefix[end] - prefix[start]
             child_tail[k % pp] += tail_prefix[end] - tail_prefix[start]
-            descend(k + 1, end, child, child_tail, [*cuts, end])
+            mine = float(stage_bounds[k][start, end]) if stage_bounds is not None else 0.0
+            descend(k + 1, end, child, child_tail, [*cuts, end], max(worst, mine))
             if len(pending) >= batch:
                 flush()
 
@@ -328,7 +406,7 @@ def exact_search(
     if best:  # walk the best seed downhill one boundary move at a time
         pending.extend(_local_search(space, program, model, max(best)[1]))
         flush()
-    descend(0, 0, np.zeros(pp), np.zeros(pp), [])
+    descend(0, 0, np.zeros(pp), np.zeros(pp), [], 0.0)
     flush()
     ranked = sorted((-s, c) for s, c in best)
     return ExactResult(
@@ -338,5 +416,5 @@ def exact_search(
         simulated=state["simulated"],
         nodes=state["nodes"],
         rejected_memory=state["rejected"],
-        complete=state["nodes"] < node_limit,
+        complete=state["nodes"] < node_limit and not state["out_of_time"],
     )

@@ -301,7 +301,8 @@ class SearchSpec:
     allow_empty_stages: bool = False
     shards: int = 1  # Ray tasks; 1 runs in this process
     enumerate_limit: int = 5_000_000  # larger spaces go to the exact search
-    node_limit: int = 300_000  # the exact search's budget of search-tree nodes
+    node_limit: int = 2_000_000  # the exact search's budget of search-tree nodes
+    time_limit_s: float = 20.0  # and of time; an unfinished search reports its proven gap
 
 
 def plan(
@@ -331,8 +332,10 @@ def plan(
             result = evaluate_shard(space, program, cost_model, options, grid_ms)
         bound, nodes, complete, method = None, 0, True, "enumeration"
     else:
-        found = exact_search(space, program, cost_model, options.top, options.hbm_gib,
-                             node_limit=spec.node_limit)  # fmt: skip
+        found = exact_search(
+            space, program, cost_model, options.top, options.hbm_gib,
+            node_limit=spec.node_limit, time_limit_s=spec.time_limit_s,
+        )  # fmt: skip
         counts = space.unit_counts(found.cuts, cost_model.units, cost_model.moe_pattern)
         scores = score(program, cost_model, counts)
         top, sampled = best_of(space, program, cost_model, options, found.cuts, scores, grid_ms)
