@@ -19,7 +19,8 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m ray_layout size configs/handbook_7b_a1b.yaml --pp 4
 	$(BIN)/python -m ray_layout layouts configs/handbook_7b_a1b.yaml --pp 4 --count
-	$(BIN)/python -m ray_layout validate 'Et*5|t*6|t*5|mL' --pp 4 --num-layers 16 --mtp-layers 1
+	$(BIN)/python -m ray_layout plan configs/handbook_7b_a1b.yaml --pp 4 \
+		--costs configs/costs/handbook_h200_example.json --hbm-gb 131 --top 5
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -411,9 +411,45 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
         console.print("no layout fits: raise --hbm-gb or add parallelism", highlight=False)
 
 
+def _sweep_vpp(args: argparse.Namespace, recipe: Recipe, costs: UnitCosts, console: Console):
+    """Plan once per VPP and compare the picks (the micro-batch count stays the same)."""
+    rows = []
+    for text in args.sweep_vpp.split(","):
+        if not text.strip().isdigit() or int(text) < 1:
+            raise ConfigError(f"--sweep-vpp takes positive integers like 1,2,4, got {text!r}")
+        run = replace(recipe, parallel=replace(recipe.parallel, vpp=int(text)))
+        try:
+            spec, options = _search_from_args(args, run)
+        except (ConfigError, LayoutError) as exc:
+            rows.append({"vpp": int(text), "skipped": str(exc)})
+            continue
+        result = plan(run.model, run.parallel, costs, spec, options)
+        report = plan_report(run, result, spec)
+        best = report["candidates"][0] if report["candidates"] else None
+        rows.append({"vpp": int(text), "best": best, "method": report["method"]})
+    if args.json:
+        print(json.dumps({"sweep": rows}, indent=2))
+        return
+    table = Table(title=f"{recipe.model.name}: PP={recipe.parallel.pp}, VPP sweep")
+    for column in ("VPP", "best layout", "mean ms", "vs default", "vs count"):
+        table.add_column(column, justify="left" if column == "best layout" else "right")
+    for row in rows:
+        best = row.get("best")
+        if best is None:
+            table.add_row(str(row["vpp"]), row.get("skipped", "no layout fits"), "", "", "")
+            continue
+        table.add_row(str(row["vpp"]), best["layout"], f"{best['mean_ms']:,.1f}",
+                      _speedup(best["speedup_vs_default"]),
+                      _speedup(best["speedup_vs_count_based"]))  # fmt: skip
+    console.print(table)
+
+
 def cmd_plan(args: argparse.Namespace, console: Console) -> None:
     recipe = _recipe_from_args(args)
     costs = _costs_from_args(args, recipe)
+    if args.sweep_vpp:
+        _sweep_vpp(args, recipe, costs, console)
+        return
     spec, options = _search_from_args(args, recipe)
     if spec.shards > 1:
         _start_ray(args.ray_address, spec.shards)
@@ -560,6 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--allow-standalone-mtp", action="store_true")
     planner.add_argument("--shards", type=int, default=1, help="Ray tasks for the search")
     planner.add_argument("--ray-address", help="Ray cluster to shard on (default: start one)")
+    planner.add_argument("--sweep-vpp", help="plan for each VPP in a list such as 1,2,4")
     planner.set_defaults(run=cmd_plan)
 
     sim = commands.add_parser("simulate", help="simulate one layout's step in detail")

@@ -173,3 +173,13 @@ def test_plan_errors_are_one_line(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_plan_sweeps_vpp(capsys):
+    report = run_json(capsys, "plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--samples", "8",
+                      "--sweep-vpp", "1,2,3")  # fmt: skip
+    rows = {row["vpp"]: row for row in report["sweep"]}
+    assert rows[1]["best"]["layout"] == "Et*5|t*6|t*5|mL"
+    assert rows[2]["best"]["mean_ms"] > 0
+    assert rows[3]["best"]["mean_ms"] > 0  # 32 micro-batches, groups of 4: valid for VPP=3
+    assert main(["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--sweep-vpp", "1,x"]) == 2
