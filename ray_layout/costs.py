@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig
+from ray_layout.model import ConfigError, ModelSpec, ParallelConfig, read_json_object
 from ray_layout.sizing import (
     DECODER,
     DENSE_DECODER,
@@ -155,15 +155,7 @@ def costs_from_dict(raw: Mapping[str, Any], *, source: str) -> UnitCosts:
 def load_costs(path: str | Path) -> UnitCosts:
     """Read a COSTS.json file."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a JSON object at the top level")
-    return costs_from_dict(raw, source=str(path))
+    return costs_from_dict(read_json_object(path, str(path)), source=str(path))
 
 
 def costs_to_dict(costs: UnitCosts) -> dict[str, Any]:

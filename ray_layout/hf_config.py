@@ -14,13 +14,12 @@ further to a multiple of 128 x TP, which a divisor of 1 would hide.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ray_layout.model import ConfigError, Recipe, build_recipe
+from ray_layout.model import ConfigError, Recipe, build_recipe, read_json_object
 
 DEFAULT_SEQ_LENGTH = 4096
 _QK_LAYERNORM = frozenset({"deepseek_v2", "deepseek_v3", "olmoe", "qwen3", "qwen3_moe"})
@@ -90,14 +89,7 @@ def _read(
         return raw, _name(raw, str(raw.get("model_type", "model"))), source or "Hugging Face config"
     path = Path(config)
     source = source or str(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a JSON object of config keys")
+    raw = read_json_object(path, source)
     folder = path.parent.name if path.name == "config.json" else ""
     return raw, _name(raw, folder or path.stem), source
 

@@ -398,6 +398,19 @@ def with_parallel(recipe: Recipe, **overrides: int | None) -> Recipe:
     return Recipe(recipe.model, build_parallel(recipe.model, merged, source="parallel sizes"))
 
 
+def read_json_object(path: Path, source: str) -> dict[str, Any]:
+    """A JSON file's top-level object, or a one-line ConfigError naming ``source``."""
+    try:
+        raw = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object at the top level")
+    return raw
+
+
 def load_recipe_file(path: str | Path) -> Recipe:
     """This project's schema: a YAML or JSON mapping of model fields plus a ``parallel`` section."""
     path = Path(path)

@@ -383,10 +383,16 @@ def score_given(
     options: PlanOptions,
 ) -> Candidate:
     """Score one layout under its own schedule (its VPP comes from the layout)."""
+    program, cost_model = _schedule_for(layout, model, parallel, costs, spec)
+    return score_layout(layout, program, cost_model, options)
+
+
+def _schedule_for(
+    layout: Layout, model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, spec: SearchSpec
+) -> tuple[Program, CostModel]:
     run = replace(parallel, vpp=layout.vpp)
     program = compile_schedule(run.pp, run.vpp, spec.num_microbatches, spec.group_size)
-    cost_model = build_cost_model(model, run, costs, spec.num_microbatches, spec.group_size)
-    return score_layout(layout, program, cost_model, options)
+    return program, build_cost_model(model, run, costs, spec.num_microbatches, spec.group_size)
 
 
 @dataclass(frozen=True)
@@ -409,12 +415,10 @@ def simulate_given(
     spec: SearchSpec,
     options: PlanOptions,
 ) -> LayoutSimulation:
-    run = replace(parallel, vpp=layout.vpp)
-    program = compile_schedule(run.pp, run.vpp, spec.num_microbatches, spec.group_size)
-    cost_model = build_cost_model(model, run, costs, spec.num_microbatches, spec.group_size)
+    program, cost_model = _schedule_for(layout, model, parallel, costs, spec)
     _, _, counts = _layout_counts(layout, cost_model)
     forward, backward = stage_times(cost_model, counts)
-    tail = tail_ms(cost_model, counts, run.pp)
+    tail = tail_ms(cost_model, counts, program.pp)
     times = simulate(program, forward.T, backward.T, cost_model.p2p_ms, tail.T, keep_events=True)
     return LayoutSimulation(
         candidate=score_layout(layout, program, cost_model, options),
