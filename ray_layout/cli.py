@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shlex
 import shutil
 import sys
 from collections.abc import Sequence
@@ -20,9 +21,19 @@ from rich.console import Console
 from rich.table import Table
 
 from ray_layout.baselines import count_based, megatron_default
-from ray_layout.costs import UnitCosts, costs_from_flops, load_costs
+from ray_layout.costs import UnitCosts, costs_from_flops, load_costs, save_costs
+from ray_layout.fit import fit_costs, observation_from_log, profile_design
+from ray_layout.ingest import (
+    LoggedRun,
+    ingest,
+    microbatches_of,
+    observations_from_store,
+    parse_run_argument,
+    record_fit,
+)
 from ray_layout.layout import Layout, LayoutError, placement_problems, pretty, validate
 from ray_layout.loading import load_recipe
+from ray_layout.megatron_logs import parse_log_file
 from ray_layout.model import ConfigError, Recipe, with_parallel
 from ray_layout.plots import draw_timeline
 from ray_layout.sizing import (
@@ -33,6 +44,7 @@ from ray_layout.sizing import (
     static_memory,
     unit_sizes,
 )
+from ray_layout.store import CostStore
 from search.planner import Candidate, Plan, PlanOptions, SearchSpec, plan, simulate_given
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
@@ -515,6 +527,118 @@ def cmd_simulate(args: argparse.Namespace, console: Console) -> None:
         console.print(f"timeline written to {args.timeline}", highlight=False)
 
 
+def cmd_profile_layouts(args: argparse.Namespace, console: Console) -> None:
+    recipe = _recipe_from_args(args)
+    guess = _costs_from_args(args, recipe) if args.costs else costs_from_flops(
+        recipe.model, recipe.parallel, FLOPS_TFLOPS)  # fmt: skip
+    spec, _ = _search_from_args(args, replace(recipe, parallel=replace(recipe.parallel, vpp=1)))
+    design = profile_design(
+        recipe.model, recipe.parallel, spec.num_microbatches, guess, hbm_gib=args.hbm_gb,
+        standalone_mtp=args.standalone_mtp, runs=args.runs,
+    )  # fmt: skip
+    runs = [
+        {
+            "layout": str(layout),
+            "predicted_ms": ms,
+            "peak_memory_gib": gib,
+            "megatron_flags": design.megatron_flags(layout, args.train_iters),
+        }
+        for layout, ms, gib in zip(
+            design.layouts, design.predicted_ms, design.peak_memory_gib, strict=True
+        )
+    ]
+    report = {"units": list(design.columns), "rank": design.rank,
+              "condition_number": design.condition, "runs": runs}  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    console.print(
+        f"{len(runs)} profiling runs identify {', '.join(design.columns)}: design rank "
+        f"{design.rank} of {len(design.columns)}, condition number {design.condition:.2f}",
+        highlight=False,
+    )
+    for index, run in enumerate(runs, 1):
+        console.print(
+            f"run {index}: {run['layout']}  (predicted step {run['predicted_ms']:,.0f} ms with "
+            f"the guessed costs, peak {run['peak_memory_gib']:.1f} GiB)",
+            highlight=False, markup=False,
+        )  # fmt: skip
+        console.print("    " + shlex.join(run["megatron_flags"]), highlight=False, markup=False)
+    if "m+L" in design.columns:
+        console.print("m and L stay together in these runs; --standalone-mtp measures them apart")
+
+
+def _logged_runs(args: argparse.Namespace, recipe: Recipe) -> list[LoggedRun]:
+    return [
+        LoggedRun(layout, path, replace(recipe.parallel, vpp=layout.vpp), args.micro_batches)
+        for layout, path in (parse_run_argument(text, recipe.parallel.pp) for text in args.run)
+    ]
+
+
+def cmd_ingest(args: argparse.Namespace, console: Console) -> None:
+    recipe = _recipe_from_args(args)
+    results = ingest(CostStore(args.store), recipe.model, _logged_runs(args, recipe), args.study)
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+        return
+    for result, text in zip(results, args.run, strict=True):
+        state = "stored" if result.stored else "already in the store, not counted twice"
+        skipped = (
+            f", {result.skipped_lines} malformed lines skipped" if result.skipped_lines else ""
+        )
+        console.print(f"{text}: {result.run_id} {state} ({result.timer_rows} timer rows{skipped})",
+                      highlight=False, markup=False)  # fmt: skip
+
+
+def cmd_fit(args: argparse.Namespace, console: Console) -> None:
+    recipe = _recipe_from_args(args)
+    if bool(args.run) == bool(args.store):
+        raise ConfigError("give the runs either as --run LAYOUT=PATH or from --store DIR")
+    if args.store:
+        store = CostStore(args.store)
+        observations = observations_from_store(store, args.study, recipe.model, recipe.parallel)
+    else:
+        observations = []
+        for run in _logged_runs(args, recipe):
+            try:
+                parsed = parse_log_file(run.path)
+            except OSError as exc:
+                raise ConfigError(f"{run.path}: cannot read ({exc.strerror})") from None
+            microbatches = microbatches_of(parsed, run.parallel, run.num_microbatches)
+            observations.append(observation_from_log(str(run.path), parsed, run.layout,
+                                                     run.parallel, microbatches))  # fmt: skip
+    result = fit_costs(recipe.model, recipe.parallel, observations)
+    save_costs(result.costs, args.output)
+    if args.store:
+        record_fit(store, args.study, result, [o.name for o in observations])
+    report = {
+        "output": str(args.output),
+        "units": list(result.columns),
+        "forward_ms": dict(result.costs.forward_ms),
+        "backward_ms": dict(result.costs.backward_ms),
+        "jitter_cv": dict(result.costs.jitter_cv),
+        "residuals": result.residuals,
+        "warnings": list(result.warnings),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(title=f"unit costs per micro-batch, fitted from {len(observations)} runs")
+    for column in ("unit", "forward ms", "backward ms", "jitter CV"):
+        table.add_column(column, justify="right")
+    for unit in result.costs.forward_ms:
+        table.add_row(unit, f"{result.costs.forward_ms[unit]:.3f}",
+                      f"{result.costs.backward_ms[unit]:.3f}",
+                      f"{result.costs.jitter_cv.get(unit, 0.0):.3f}")  # fmt: skip
+    console.print(table)
+    for name, errors in result.residuals.items():
+        console.print(f"{name}: residual per PP rank " + " ".join(f"{e:+.1%}" for e in errors),
+                      highlight=False, markup=False)  # fmt: skip
+    for warning in result.warnings:
+        console.print(f"warning: {warning}", highlight=False, markup=False)
+    console.print(f"wrote {args.output}", highlight=False)
+
+
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--costs", required=True, help="COSTS.json (docs/costs.md), or 'flops' to derive from FLOPs"
@@ -565,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel_flags(size)
     size.add_argument("--layout", help="size this layout instead of Megatron's default")
     size.add_argument("--json", action="store_true", help="print JSON")
-    size.set_defaults(run=cmd_size)
+    size.set_defaults(handler=cmd_size)
 
     layouts = commands.add_parser("layouts", help="count or list every valid layout")
     layouts.add_argument("config", help=config_help)
@@ -576,7 +700,7 @@ def build_parser() -> argparse.ArgumentParser:
     layouts.add_argument("--allow-standalone-mtp", action="store_true")
     layouts.add_argument("--limit", type=int, default=50, help="list at most N (default 50)")
     layouts.add_argument("--json", action="store_true", help="print JSON")
-    layouts.set_defaults(run=cmd_layouts)
+    layouts.set_defaults(handler=cmd_layouts)
 
     check = commands.add_parser("validate", help="check a layout string with Megatron's rules")
     check.add_argument("layout", help="e.g. 'Et*5|t*6|t*5|mL'")
@@ -585,7 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--mtp-layers", type=int, default=0)
     check.add_argument("--overlap-p2p-comm", action="store_true")
     check.add_argument("--json", action="store_true", help="print JSON")
-    check.set_defaults(run=cmd_validate)
+    check.set_defaults(handler=cmd_validate)
 
     planner = commands.add_parser("plan", help="rank every valid layout by simulated step time")
     planner.add_argument("config", help=config_help)
@@ -597,7 +721,61 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--shards", type=int, default=1, help="Ray tasks for the search")
     planner.add_argument("--ray-address", help="Ray cluster to shard on (default: start one)")
     planner.add_argument("--sweep-vpp", help="plan for each VPP in a list such as 1,2,4")
-    planner.set_defaults(run=cmd_plan)
+    planner.set_defaults(handler=cmd_plan)
+
+    profile = commands.add_parser(
+        "profile-layouts", help="the fewest profiling runs that identify every unit's cost"
+    )
+    profile.add_argument("config", help=config_help)
+    _add_parallel_flags(profile)
+    profile.add_argument("--costs", help="a guess to rank runs by speed (default: FLOPs)")
+    profile.add_argument("--micro-batches", type=int)
+    profile.add_argument("--group-size", type=int, help=argparse.SUPPRESS)
+    profile.add_argument("--hbm-gb", type=float, help="GPU memory limit in GiB")
+    profile.add_argument(
+        "--standalone-mtp",
+        action="store_true",
+        help="also measure m and L apart (needs an MTP-standalone run)",
+    )
+    profile.add_argument("--runs", type=int, default=2, help="at least this many runs")
+    profile.add_argument("--train-iters", type=int, default=20)
+    profile.add_argument("--samples", type=int, default=1, help=argparse.SUPPRESS)
+    profile.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    profile.add_argument("--json", action="store_true", help="print JSON")
+    profile.set_defaults(handler=cmd_profile_layouts)
+
+    ingester = commands.add_parser("ingest", help="store Megatron logs of runs made elsewhere")
+    ingester.add_argument("config", help=config_help)
+    _add_parallel_flags(ingester)
+    ingester.add_argument(
+        "--run",
+        action="append",
+        required=True,
+        metavar="LAYOUT=PATH",
+        help="a run's layout and its log (repeat for several runs)",
+    )
+    ingester.add_argument("--store", required=True, help="the cost store folder")
+    ingester.add_argument("--study", default="default", help="study id (default: default)")
+    ingester.add_argument("--micro-batches", type=int, help="default: from the log")
+    ingester.add_argument("--json", action="store_true", help="print JSON")
+    ingester.set_defaults(handler=cmd_ingest)
+
+    fitter = commands.add_parser("fit", help="fit per-unit costs from profiling runs")
+    fitter.add_argument("config", help=config_help)
+    _add_parallel_flags(fitter)
+    fitter.add_argument("--store", help="fit the runs of a study in this cost store")
+    fitter.add_argument("--study", default="default")
+    fitter.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="LAYOUT=PATH",
+        help="or fit raw log files directly",
+    )
+    fitter.add_argument("--micro-batches", type=int, help="default: from the log")
+    fitter.add_argument("-o", "--output", required=True, help="COSTS.json to write")
+    fitter.add_argument("--json", action="store_true", help="print JSON")
+    fitter.set_defaults(handler=cmd_fit)
 
     sim = commands.add_parser("simulate", help="simulate one layout's step in detail")
     sim.add_argument("config", help=config_help)
@@ -605,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel_flags(sim)
     _add_search_flags(sim)
     sim.add_argument("--timeline", help="write a Gantt chart (PNG, SVG or PDF)")
-    sim.set_defaults(run=cmd_simulate)
+    sim.set_defaults(handler=cmd_simulate)
     return parser
 
 
@@ -613,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console(width=max(shutil.get_terminal_size().columns, 120))
     try:
-        args.run(args, console)
+        args.handler(args, console)
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,0 +1,383 @@
+"""Read Megatron-LM training logs: timer blocks, iteration lines and memory lines.
+
+The formats are core_v0.16.1's (``docs/megatron.md`` section 4): ``megatron/core/timers.py``
+prints a timer block (``--timing-log-option all``, ``max`` or ``minmax``) through Python logging
+on the last rank, ``training.py:training_log`` prints the iteration line just before it, and
+``training/utils.py:report_memory`` prints one memory line per rank with DP rank 0.
+
+Real logs are messier than the formats: every line may carry a launcher prefix (Ray's
+``(RankActor pid=…, ip=…)``, torchrun's ``[default0]:``, srun's ``3:``), a timestamp or a logging
+prefix; several ranks write at once, so other ranks' lines land inside a timer block; progress
+bars overwrite lines with ``\\r``; a killed job leaves its last line cut.  Lines of other programs
+are ignored; lines that look like one of the three formats but do not parse are skipped and
+counted, so a caller can tell a clean log from a damaged one.  Values are kept exactly as printed,
+quirks included (see :func:`steady_intervals`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from math import gcd
+from pathlib import Path
+from types import MappingProxyType
+
+from ray_layout.model import ConfigError
+
+# ``training_log``'s timers_to_log: --timing-log-level 1, then what level 2 adds.
+LEVEL1_TIMERS = (
+    "forward-backward",
+    "layernorm-grads-all-reduce",
+    "embedding-grads-all-reduce",
+    "all-grads-sync",
+    "params-all-gather",
+    "optimizer-copy-to-main-grad",
+    "optimizer-unscale-and-check-inf",
+    "optimizer-clip-main-grad",
+    "optimizer-count-zeros",
+    "optimizer-inner-step",
+    "optimizer-copy-main-to-model-params",
+    "optimizer",
+)
+LEVEL2_TIMERS = (
+    "batch-generator",
+    "forward-compute",
+    "backward-compute",
+    "forward-recv",
+    "forward-send",
+    "backward-recv",
+    "backward-send",
+    "forward-send-forward-recv",
+    "forward-send-backward-recv",
+    "backward-send-forward-recv",
+    "backward-send-backward-recv",
+    "forward-backward-send-forward-backward-recv",
+)
+TIMER_NAMES = LEVEL1_TIMERS + LEVEL2_TIMERS
+
+SKIPPED_EXAMPLES = 5  # how many skipped lines ParsedLog keeps to show
+_EXCERPT_CHARS = 80
+
+_NUMBER = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf))"
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_RAY_DEDUP = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+# What launchers, loggers and log collectors put in front of a line, stripped one at a time.
+_PREFIX = re.compile(
+    r"""\s*(?:
+        \((?:[^()]|\([^()]*\))*?\bpid=\d+(?:[^()]|\([^()]*\))*\)  # Ray: (RankActor pid=1, ip=…)
+      | \[(?:default|rank)\d+\]:                                  # torchrun: [default0]: [rank3]:
+      | \d{1,6}:(?=[\s(\[]|$)                                     # srun --label: 3:
+      | \[?\d{4}-\d\d-\d\d[T\ ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?  # timestamps
+      | \[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b\]?(?::[\w.]+:|\s*[-:|]?)  # INFO:name:
+      | [A-Za-z_]\w*(?:\.\w+)+\s*[-|:](?=\s)                      # megatron.core.timers -
+      | [-|]
+    )""",
+    re.VERBOSE,
+)
+_HEADER = re.compile(r"(?P<option>\(min, max\) time|max time|times) across ranks \(ms\):\s*$")
+_OPTIONS = {"(min, max) time": "minmax", "max time": "max", "times": "all"}
+_ALL_TIMER = re.compile(r"\s*(?P<timer>[^\s:]+):\s*$")
+_ALL_RANK = re.compile(rf"\s*rank\s+(?P<rank>\d+): (?P<ms>{_NUMBER})\s*$")
+_MAX = re.compile(rf"\s*(?P<timer>\S+) \.*: (?P<ms>{_NUMBER})\s*$")
+_MINMAX = re.compile(rf"\s*(?P<timer>\S+) \.*: \((?P<min>{_NUMBER}), (?P<max>{_NUMBER})\)\s*$")
+_ENTRY_HINT = re.compile(r"\brank\s+\d+\s*:|\S \.{3,}:|\btimes? across ranks\b")
+_ITERATION = re.compile(
+    r"\biteration\s+(?P<iteration>\d+)\s*/\s*(?P<train_iters>\d+)\s*\|(?P<rest>.*)$"
+)
+_ITERATION_HINT = re.compile(r"\biteration\s+\d+\s*/")
+_MEMORY = re.compile(
+    r"\[Rank\s+(?P<rank>\d+)\]\s+\((?:after (?P<iteration>\d+) iterations|[^()]*)\)"
+    r"\s+memory \(MB\)\s*(?P<rest>\|.*)?$"
+)
+_FIELD = re.compile(r"(?P<key>[^:|]+?)\s*:\s*(?P<value>\S+)")
+
+
+@dataclass(frozen=True)
+class TimerRecord:
+    """One value of one timer block.
+
+    ``interval`` numbers the blocks in log order from 0; ``iteration`` is the iteration line
+    printed before the block (None before the first).  ``stat`` is ``"rank"`` under
+    ``--timing-log-option all`` (one record per rank that reported a non-zero value), ``"max"``
+    under ``max`` and ``"min"``/``"max"`` under ``minmax`` (``rank`` None: across all ranks).
+    ``ms`` is Megatron's printed value: accumulated milliseconds / ``--log-interval``.
+    """
+
+    interval: int
+    iteration: int | None
+    rank: int | None
+    timer: str
+    ms: float
+    stat: str
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """``training_log``'s iteration line; fields Megatron prints only when set are None if absent.
+
+    ``losses`` holds every ``… loss …`` field in print order (``lm loss``, ``mtp_1 loss``,
+    ``load_balancing_loss``…), never ``loss scale``.  Fields this record has no place for
+    (``skipped samples``, ``num zeros``, ``params norm``, energy and power) are ignored.
+    """
+
+    iteration: int
+    train_iters: int
+    consumed_samples: int | None
+    elapsed_ms: float
+    throughput_tflops: float | None
+    learning_rate: float | None
+    global_batch_size: int | None
+    losses: Mapping[str, float] = field(hash=False)
+    loss_scale: float | None
+    grad_norm: float | None
+    skipped_iterations: int | None
+    nan_iterations: int | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "losses", MappingProxyType(dict(self.losses)))
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    """``report_memory``'s ``[Rank N] (after K iterations) memory (MB)`` line, in MiB."""
+
+    rank: int
+    iteration: int
+    allocated_mb: float
+    max_allocated_mb: float
+    reserved_mb: float
+    max_reserved_mb: float
+
+
+@dataclass(frozen=True)
+class ParsedLog:
+    """Everything a log held, in log order, and how many lines looked Megatron's but did not parse.
+
+    ``log_interval_hint`` is ``--log-interval`` read off the iteration numbers: every iteration
+    logged after the first is a multiple of it, and two consecutive ones pin it down (their GCD);
+    None with fewer than two.
+    """
+
+    timers: tuple[TimerRecord, ...]
+    iterations: tuple[IterationRecord, ...]
+    memory: tuple[MemoryRecord, ...]
+    skipped_lines: int
+    skipped_examples: tuple[str, ...]  # the first SKIPPED_EXAMPLES, as "line N: '…'"
+    log_interval_hint: int | None
+
+    @property
+    def intervals(self) -> tuple[int, ...]:
+        """The timer blocks that hold at least one record, in log order."""
+        return tuple(sorted({record.interval for record in self.timers}))
+
+    @property
+    def training_intervals(self) -> tuple[int, ...]:
+        """The blocks ``training_log`` printed: the first block after each iteration line.
+
+        Start-up blocks (``model-and-optimizer-setup``, ``load-checkpoint``) come before any
+        iteration line; ``evaluate`` and ``save-checkpoint`` blocks follow the training block of
+        the same iteration.  Assumes one run per log: a restart appended to the same file keeps
+        the previous run's iteration until its own first iteration line.
+        """
+        iteration_of = {record.interval: record.iteration for record in self.timers}
+        chosen, previous = [], None
+        for interval in self.intervals:
+            iteration = iteration_of[interval]
+            if iteration is not None and iteration != previous:
+                chosen.append(interval)
+            previous = iteration
+        return tuple(chosen)
+
+    @property
+    def unknown_timers(self) -> tuple[str, ...]:
+        """Timer names outside TIMER_NAMES, first seen first: kept, but worth a look."""
+        known = set(TIMER_NAMES)
+        return tuple(dict.fromkeys(r.timer for r in self.timers if r.timer not in known))
+
+
+def steady_intervals(parsed: ParsedLog, warmup: int = 1) -> tuple[int, ...]:
+    """The training intervals left after dropping the first ``warmup``.
+
+    Megatron logs the first iteration without resetting its timers, yet divides them by
+    ``--log-interval``: that block shows one iteration's time / log_interval, far too small.  The
+    next block then holds log_interval iterations including that first, slow one (allocator and
+    kernel warm-up), so ``warmup=2`` is stricter still.  The printed values are left as they are.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, not {warmup}")
+    return parsed.training_intervals[warmup:]
+
+
+def parse_log_file(path: str | Path) -> ParsedLog:
+    """:func:`parse_log` on a file, undecodable bytes replaced, errors naming the file."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the log ({error.strerror or error})") from error
+    return parse_log(raw.decode("utf-8", errors="replace"), source=str(path))
+
+
+def parse_log(text: str, source: str = "log") -> ParsedLog:
+    """Every timer, iteration and memory record in ``text``.
+
+    A timer block is printed by one rank while the others keep writing, so it stays open across
+    their lines until the next header or iteration line; an entry repeated within a block is
+    skipped.  Megatron ends every line with a newline, so a last line without one was cut off
+    mid-write: it is skipped and counted even when it happens to parse.  Raises
+    :class:`ConfigError` when nothing in ``text`` is Megatron's.
+    """
+    lines = _LINE_BREAK.split(_ANSI.sub("", text.removeprefix("\ufeff")))
+    timers: list[TimerRecord] = []
+    iterations: list[IterationRecord] = []
+    memory: list[MemoryRecord] = []
+    skipped: list[tuple[int, str]] = []
+    interval, iteration = -1, None
+    option: str | None = None  # the open block's --timing-log-option; None outside a block
+    block_iteration, timer, seen = None, None, set()
+    for number, raw in enumerate(lines[:-1], start=1):
+        line = _content(raw)
+        if not line.strip():
+            continue
+        if header := _HEADER.search(line):
+            interval += 1
+            option, block_iteration = _OPTIONS[header["option"]], iteration
+            timer, seen = None, set()
+        elif _ITERATION_HINT.search(line):
+            if (record := _iteration_record(line)) is None:
+                skipped.append((number, raw))
+            else:
+                iterations.append(record)
+                iteration, option = record.iteration, None  # the block's printer has moved on
+        elif "memory (MB)" in line:
+            match = _MEMORY.search(line)
+            if match is not None and match["iteration"] is None:
+                continue  # reports around save_checkpoint: not an iteration's memory
+            if (record := _memory_record(match)) is None:
+                skipped.append((number, raw))
+            else:
+                memory.append(record)
+        elif option == "all" and (match := _ALL_TIMER.match(line)):
+            timer = match["timer"]
+        else:
+            entry = _timer_entry(line, option, timer)
+            if entry is not None and entry[:2] not in seen:
+                seen.add(entry[:2])
+                timers += [
+                    TimerRecord(interval, block_iteration, entry[1], entry[0], ms, stat)
+                    for stat, ms in entry[2]
+                ]
+            elif _ENTRY_HINT.search(line):
+                skipped.append((number, raw))
+                if "across ranks" in line:
+                    option = None  # a damaged header: what follows belongs to no known block
+    if _content(lines[-1]).strip():
+        skipped.append((len(lines), lines[-1]))  # cut off: see the docstring
+    if not (timers or iterations or memory):
+        raise ConfigError(
+            f"{source}: no Megatron timers, iteration or memory lines found ({_first_line(lines)})"
+        )
+    return ParsedLog(
+        timers=tuple(timers),
+        iterations=tuple(iterations),
+        memory=tuple(memory),
+        skipped_lines=len(skipped),
+        skipped_examples=tuple(
+            f"line {n}: {_excerpt(raw)}" for n, raw in skipped[:SKIPPED_EXAMPLES]
+        ),
+        log_interval_hint=_log_interval_hint([record.iteration for record in iterations]),
+    )
+
+
+def _content(raw: str) -> str:
+    """The line as its writer printed it: launcher, time and logging prefixes taken off."""
+    line = _RAY_DEDUP.sub("", raw)
+    while match := _PREFIX.match(line):
+        line = line[match.end() :]
+    return line
+
+
+def _timer_entry(
+    line: str, option: str | None, timer: str | None
+) -> tuple[str, int | None, tuple[tuple[str, float], ...]] | None:
+    """(timer, rank, ((stat, ms), …)) for one line of an open block, or None."""
+    if option == "all" and timer is not None and (match := _ALL_RANK.match(line)):
+        return timer, int(match["rank"]), (("rank", float(match["ms"])),)
+    if option == "max" and (match := _MAX.match(line)):
+        return match["timer"], None, (("max", float(match["ms"])),)
+    if option == "minmax" and (match := _MINMAX.match(line)):
+        return match["timer"], None, (("min", float(match["min"])), ("max", float(match["max"])))
+    return None
+
+
+def _fields(segments: list[str]) -> dict[str, str] | None:
+    """``key: value`` segments of a ``|``-separated line, or None if one is not."""
+    matches = [_FIELD.fullmatch(segment.strip()) for segment in segments]
+    if not all(matches):
+        return None
+    return {match["key"]: match["value"] for match in matches if match}
+
+
+def _optional(convert: type[int] | type[float], value: str | None) -> int | float | None:
+    return None if value is None else convert(value)
+
+
+def _iteration_record(line: str) -> IterationRecord | None:
+    """The iteration line's fields; None if it is cut short or a value does not parse."""
+    match = _ITERATION.search(line)
+    if match is None or not match["rest"].rstrip().endswith("|"):
+        return None  # Megatron ends the line with " |": anything else lost its tail
+    fields = _fields(match["rest"].rstrip().split("|")[:-1])
+    if fields is None or "elapsed time per iteration (ms)" not in fields:
+        return None
+    try:
+        return IterationRecord(
+            iteration=int(match["iteration"]),
+            train_iters=int(match["train_iters"]),
+            consumed_samples=_optional(int, fields.get("consumed samples")),
+            elapsed_ms=float(fields["elapsed time per iteration (ms)"]),
+            throughput_tflops=_optional(float, fields.get("throughput per GPU (TFLOP/s/GPU)")),
+            learning_rate=_optional(float, fields.get("learning rate")),
+            global_batch_size=_optional(int, fields.get("global batch size")),
+            losses={k: float(v) for k, v in fields.items() if "loss" in k and k != "loss scale"},
+            loss_scale=_optional(float, fields.get("loss scale")),
+            grad_norm=_optional(float, fields.get("grad norm")),
+            skipped_iterations=_optional(int, fields.get("number of skipped iterations")),
+            nan_iterations=_optional(int, fields.get("number of nan iterations")),
+        )
+    except ValueError:
+        return None
+
+
+def _memory_record(match: re.Match[str] | None) -> MemoryRecord | None:
+    """The four sizes of a ``(after K iterations)`` memory line; None if one is missing."""
+    if match is None or match["rest"] is None:
+        return None
+    fields = _fields(match["rest"].split("|")[1:])
+    keys = ("allocated", "max allocated", "reserved", "max reserved")
+    if fields is None or not all(key in fields for key in keys):
+        return None
+    try:
+        sizes = [float(fields[key]) for key in keys]
+    except ValueError:
+        return None
+    return MemoryRecord(int(match["rank"]), int(match["iteration"]), *sizes)
+
+
+def _log_interval_hint(iterations: list[int]) -> int | None:
+    later = iterations[1:]
+    return gcd(*later) if len(later) >= 2 and any(later) else None
+
+
+def _excerpt(raw: str) -> str:
+    """One printable line, however long or strange the original."""
+    text = raw.strip()
+    return repr(text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "…")
+
+
+def _first_line(lines: list[str]) -> str:
+    for number, raw in enumerate(lines, start=1):
+        if raw.strip():
+            return f"line {number}: {_excerpt(raw)}"
+    return "the text is empty"

@@ -1,0 +1,631 @@
+"""Parsing Megatron-LM logs: the exact core_v0.16.1 formats, and the mess real logs wrap them in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ray_layout.megatron_logs import (
+    LEVEL1_TIMERS,
+    LEVEL2_TIMERS,
+    SKIPPED_EXAMPLES,
+    TIMER_NAMES,
+    IterationRecord,
+    MemoryRecord,
+    ParsedLog,
+    TimerRecord,
+    parse_log,
+    parse_log_file,
+    steady_intervals,
+)
+from ray_layout.model import ConfigError
+
+FIXTURE = Path(__file__).parent / "data" / "logs" / "megatron_all_timers.log"
+TIMERS_LOGGER = "INFO:megatron.core.timers:"
+TRAINING_LOGGER = "INFO:megatron.training.training:"
+
+
+# Megatron's formats, as megatron/core/timers.py, training.py:training_log and
+# training/utils.py:report_memory print them.
+
+
+def all_block(times: dict[str, dict[int, float]]) -> list[str]:
+    """``--timing-log-option all``: zero values left out, a timer with none left out."""
+    lines = ["times across ranks (ms):"]
+    for name, by_rank in times.items():
+        reported = [(rank, ms) for rank, ms in sorted(by_rank.items()) if ms > 0]
+        if reported:
+            lines.append(f"  {name}:")
+            lines += [f"     rank {rank:2d}: {ms:.2f}" for rank, ms in reported]
+    return lines
+
+
+def max_block(times: dict[str, float]) -> list[str]:
+    lines = ["max time across ranks (ms):"]
+    return lines + [f"    {(name + ' ').ljust(48, '.')}: {ms:.2f}" for name, ms in times.items()]
+
+
+def minmax_block(times: dict[str, tuple[float, float]]) -> list[str]:
+    lines = ["(min, max) time across ranks (ms):"]
+    return lines + [
+        f"    {(name + ' ').ljust(48, '.')}: ({low:.2f}, {high:.2f})"
+        for name, (low, high) in times.items()
+    ]
+
+
+def iteration_line(
+    iteration: int,
+    *,
+    train_iters: int = 30,
+    elapsed_ms: float = 1234.5,
+    throughput: float | None = 54.8,
+    losses: dict[str, float] | None = None,
+    grad_norm: float | None = 3.456,
+    extra: str = "",
+) -> str:
+    losses = {"lm loss": 10.41234, "mtp_1 loss": 10.52345} if losses is None else losses
+    text = " [2026-03-16 10:00:12.345678]"
+    text += f" iteration {iteration:8d}/{train_iters:8d} |"
+    text += f" consumed samples: {iteration * 64:12d} |"
+    text += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+    if throughput is not None:
+        text += f" throughput per GPU (TFLOP/s/GPU): {throughput:.1f} |"
+    text += f" learning rate: {1e-4:.6E} |"
+    text += f" global batch size: {64:5d} |"
+    text += "".join(f" {key}: {value:.6E} |" for key, value in losses.items())
+    text += f" loss scale: {1.0:.1f} |"
+    if grad_norm is not None:
+        text += f" grad norm: {grad_norm:.3f} |"
+    text += extra
+    text += f" number of skipped iterations: {0:3d} |"
+    text += f" number of nan iterations: {0:3d} |"
+    return text
+
+
+def memory_line(rank: int, iteration: int, allocated: float = 1234.56) -> str:
+    return (
+        f"[Rank {rank}] (after {iteration} iterations) memory (MB)"
+        f" | allocated: {allocated:.2f} | max allocated: {allocated * 2:.2f}"
+        f" | reserved: {2500.0:.2f} | max reserved: {2600.0:.2f}"
+    )
+
+
+def as_text(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def with_logger(block: list[str]) -> list[str]:
+    """Python logging's default format prefixes the first line of the message only."""
+    return [TIMERS_LOGGER + block[0], *block[1:]]
+
+
+ALL_TIMES = {
+    "forward-backward": {0: 1234.56, 1: 1234.0, 2: 1230.5, 3: 1236.25},
+    "forward-compute": {0: 300.0, 1: 290.0, 2: 295.0, 3: 410.0},
+    "forward-recv": {0: 0.0, 1: 90.0, 2: 60.0, 3: 30.0},  # the first stage never receives
+}
+MAX_TIMES = {"forward-backward": 1236.25, "optimizer": 20.5}
+MINMAX_TIMES = {"forward-backward": (1230.5, 1236.25), "optimizer": (20.1, 20.5)}
+
+
+def records_all(interval: int, iteration: int | None, times=ALL_TIMES) -> list[TimerRecord]:
+    return [
+        TimerRecord(interval, iteration, rank, name, round(ms, 2), "rank")
+        for name, by_rank in times.items()
+        for rank, ms in sorted(by_rank.items())
+        if ms > 0
+    ]
+
+
+def clean_lines() -> list[str]:
+    """One of each: a start-up block, three iterations, every timer option, memory lines."""
+    return [
+        *with_logger(minmax_block({"model-and-optimizer-setup": (4100.0, 4125.5)})),
+        iteration_line(1),
+        memory_line(0, 1),
+        memory_line(3, 1),
+        *with_logger(all_block(ALL_TIMES)),
+        iteration_line(10),
+        *with_logger(max_block(MAX_TIMES)),
+        iteration_line(20),
+        *with_logger(minmax_block(MINMAX_TIMES)),
+    ]
+
+
+CLEAN = parse_log(as_text(clean_lines()))
+
+
+def test_clean_log_records() -> None:
+    assert CLEAN.timers == (
+        TimerRecord(0, None, None, "model-and-optimizer-setup", 4100.0, "min"),
+        TimerRecord(0, None, None, "model-and-optimizer-setup", 4125.5, "max"),
+        *records_all(1, 1),
+        TimerRecord(2, 10, None, "forward-backward", 1236.25, "max"),
+        TimerRecord(2, 10, None, "optimizer", 20.5, "max"),
+        TimerRecord(3, 20, None, "forward-backward", 1230.5, "min"),
+        TimerRecord(3, 20, None, "forward-backward", 1236.25, "max"),
+        TimerRecord(3, 20, None, "optimizer", 20.1, "min"),
+        TimerRecord(3, 20, None, "optimizer", 20.5, "max"),
+    )
+    assert [record.iteration for record in CLEAN.iterations] == [1, 10, 20]
+    assert [(record.rank, record.iteration) for record in CLEAN.memory] == [(0, 1), (3, 1)]
+    assert (CLEAN.skipped_lines, CLEAN.skipped_examples) == (0, ())
+    assert CLEAN.log_interval_hint == 10
+
+
+def test_all_option_reports_each_rank_that_has_a_value() -> None:
+    parsed = parse_log(as_text(all_block(ALL_TIMES)))
+    recv = [(r.rank, r.ms) for r in parsed.timers if r.timer == "forward-recv"]
+    assert recv == [(1, 90.0), (2, 60.0), (3, 30.0)]
+    assert {r.stat for r in parsed.timers} == {"rank"}
+
+
+def test_a_name_of_47_characters_or_more_gets_no_dots() -> None:
+    name = "x" * 50
+    lines = max_block({name: 1.5})
+    assert lines[1] == f"    {name} : 1.50"
+    assert parse_log(as_text(lines)).timers == (TimerRecord(0, None, None, name, 1.5, "max"),)
+
+
+def test_unknown_timer_names_are_kept() -> None:
+    times = {"forward-compute": {0: 1.0}, "my-new-timer": {0: 2.0}, "backward-compute": {0: 3.0}}
+    parsed = parse_log(as_text(all_block(times)))
+    assert [r.timer for r in parsed.timers] == list(times)
+    assert parsed.unknown_timers == ("my-new-timer",)
+
+
+def test_timer_names_list_both_levels() -> None:
+    assert LEVEL1_TIMERS[0] == "forward-backward" and "optimizer" in LEVEL1_TIMERS
+    assert {"forward-compute", "backward-compute", "forward-recv"} <= set(LEVEL2_TIMERS)
+    assert TIMER_NAMES == LEVEL1_TIMERS + LEVEL2_TIMERS
+    assert len(set(TIMER_NAMES)) == len(TIMER_NAMES) == 24
+
+
+@pytest.mark.parametrize("timers_logger", ["", TIMERS_LOGGER])
+@pytest.mark.parametrize("training_logger", ["", TRAINING_LOGGER])
+def test_logger_prefixes_are_optional(timers_logger: str, training_logger: str) -> None:
+    lines = [
+        timers_logger + line if "across ranks" in line else line
+        for line in [line.removeprefix(TIMERS_LOGGER) for line in clean_lines()]
+    ]
+    lines = [training_logger + line if "iteration" in line else line for line in lines]
+    assert parse_log(as_text(lines)) == CLEAN
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "[2026-03-16 10:00:12.345678] ",
+        "2026-03-16 10:00:12,345 INFO ",
+        "2026-03-16 10:00:12,345 INFO megatron.core.timers: ",
+        "2026-03-16 10:00:12,345 - megatron.core.timers - INFO - ",
+        "2026-03-16T10:00:12.345678901Z ",
+        "[2026-03-16 10:00:12,345] [INFO] ",
+    ],
+)
+def test_timestamps_are_ignored(stamp: str) -> None:
+    assert parse_log(as_text([stamp + line for line in clean_lines()])) == CLEAN
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "(RankActor pid=1234, ip=10.0.0.1) ",
+        "(pid=1234) ",
+        "(RankActor(rank=3, stage=1) pid=1234, ip=10.0.0.1) ",
+        "\x1b[36m(RankActor pid=1234, ip=10.0.0.1)\x1b[0m ",
+        "[default0]:",
+        "[rank3]:",
+        "0: ",
+        "3:",
+        " 3: ",
+        "12: [default3]:",
+        "3: (RankActor pid=1234) [2026-03-16 10:00:12.345678] ",
+    ],
+)
+def test_launcher_prefixes_are_ignored(prefix: str) -> None:
+    assert parse_log(as_text([prefix + line for line in clean_lines()])) == CLEAN
+
+
+def test_ray_deduplication_suffix_is_ignored() -> None:
+    lines = [*all_block({"forward-backward": {0: 1.0}})]
+    lines[-1] += " [repeated 3x across cluster]"
+    assert parse_log(as_text(lines)).timers == (
+        TimerRecord(0, None, 0, "forward-backward", 1.0, "rank"),
+    )
+
+
+def test_other_ranks_lines_inside_a_block_do_not_break_it() -> None:
+    block = with_logger(all_block(ALL_TIMES))
+    noise = [
+        "(RankActor pid=11) " + memory_line(1, 1),
+        "[rank2]: > building GPTTokenizer tokenizer ...",
+        "0: " + memory_line(0, 1, allocated=99.0),
+        "Theoretical memory footprints: weight and optimizer=11903.12 MB",
+    ]
+    # after the header, between a timer's name and its ranks, and between two ranks
+    interleaved = [block[0], noise[0], block[1], noise[1], block[2], noise[2], noise[3], *block[3:]]
+    maxes = with_logger(max_block(MAX_TIMES))
+    lines = [iteration_line(1), *interleaved, iteration_line(2), maxes[0], noise[3], *maxes[1:]]
+    parsed = parse_log(as_text(lines))
+    assert parsed.timers == (
+        *records_all(0, 1),
+        TimerRecord(1, 2, None, "forward-backward", 1236.25, "max"),
+        TimerRecord(1, 2, None, "optimizer", 20.5, "max"),
+    )
+    assert [(m.rank, m.allocated_mb) for m in parsed.memory] == [(1, 1234.56), (0, 99.0)]
+    assert parsed.skipped_lines == 0
+
+
+def test_windows_line_endings() -> None:
+    assert parse_log(as_text(clean_lines()).replace("\n", "\r\n")) == CLEAN
+
+
+def test_progress_bar_carriage_returns_break_lines() -> None:
+    bar = "Loading checkpoint 10%\rLoading checkpoint 55%\rLoading checkpoint 100%\r"
+    lines = clean_lines()
+    text = bar + "\n".join(lines[:6]) + "\r" + "\r".join(lines[6:]) + "\r\n"
+    assert parse_log(text) == CLEAN
+
+
+def test_a_truncated_last_line_is_skipped_and_counted() -> None:
+    text = as_text(clean_lines()) + "     rank  3: 12"
+    parsed = parse_log(text)
+    assert parsed.timers == CLEAN.timers
+    assert parsed.skipped_lines == 1
+    assert parsed.skipped_examples == (f"line {len(clean_lines()) + 1}: 'rank  3: 12'",)
+
+
+def test_a_last_line_without_newline_is_skipped_even_if_it_parses() -> None:
+    """Its value may have lost digits: 1236.25 cut to 1236.2 still parses."""
+    lines = clean_lines()
+    parsed = parse_log("\n".join(lines))
+    assert parsed.timers == CLEAN.timers[:-2]  # the last minmax line: optimizer's min and max
+    assert parsed.skipped_lines == 1
+
+
+def test_blank_lines_are_ignored() -> None:
+    text = "\n\n   \n" + "\n \t \n".join(clean_lines()) + "\n\n\n"
+    assert parse_log(text) == CLEAN
+
+
+def test_unicode_garbage_is_ignored() -> None:
+    garbage = ["\x00\x00\ufffd\ufffd", "☃ 漢字 ﷽ \u2028 \u200b", "\udcff\x7f\x1b", "\ufeff"]
+    lines = clean_lines()
+    mixed = [garbage[0], *lines[:5], garbage[1], *lines[5:9], garbage[2], *lines[9:], garbage[3]]
+    assert parse_log("\ufeff" + as_text(mixed)) == CLEAN
+
+
+def test_undecodable_bytes_in_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.log"
+    path.write_bytes(b"\xff\xfe\xc3(\n" + as_text(clean_lines()).encode() + b"\x80\x81\n")
+    assert parse_log_file(path) == CLEAN
+
+
+MALFORMED = [
+    iteration_line(5).removesuffix(" |"),  # lost its tail
+    iteration_line(5).replace("1234.5", "12x4.5"),
+    "[Rank 2] (after 1 iterations) memory (MB) | allocated: 1.00 | max allocated: 2.00",
+    "[Rank 2] (after 1 iterations) memory (MB) | allocated: 1.00 | max allocated: x | a",
+    "     rank  9: 12.3.4",
+    "    forward-backward ..............................: oops",
+]
+
+
+def test_malformed_lines_are_skipped_and_counted() -> None:
+    lines = clean_lines()
+    at = lines.index("     rank  1: 1234.00")
+    text = as_text([*MALFORMED[:2], *lines[:at], *MALFORMED[2:], *lines[at:]])
+    parsed = parse_log(text)
+    assert (parsed.timers, parsed.iterations, parsed.memory) == (
+        CLEAN.timers,
+        CLEAN.iterations,
+        CLEAN.memory,
+    )
+    assert parsed.skipped_lines == len(MALFORMED)
+    assert len(parsed.skipped_examples) == SKIPPED_EXAMPLES
+    assert parsed.skipped_examples[0].startswith("line 1: '[2026-03-16 10:00:12.345678] iter")
+    assert parsed.skipped_examples[0].endswith("…'")
+    assert parsed.skipped_examples[4] == f"line {at + 5}: 'rank  9: 12.3.4'"
+
+
+def test_a_damaged_header_orphans_its_entries() -> None:
+    """Its entries must not be filed under the block before it."""
+    block = max_block({"params-all-gather": 2.0})
+    lines = [*max_block(MAX_TIMES), "max time across ranks (m", *block[1:], *minmax_block({})]
+    parsed = parse_log(as_text(lines))
+    assert [(r.interval, r.timer) for r in parsed.timers] == [
+        (0, "forward-backward"),
+        (0, "optimizer"),
+    ]
+    assert parsed.skipped_lines == 2
+
+
+def test_a_repeated_entry_in_one_block_is_skipped() -> None:
+    lines = all_block({"forward-backward": {0: 1.0, 1: 2.0}})
+    parsed = parse_log(as_text([*lines, lines[-1]]))
+    assert len(parsed.timers) == 2 and parsed.skipped_lines == 1
+
+
+def test_entries_outside_a_block_are_skipped() -> None:
+    lines = [memory_line(0, 1), "     rank  0: 12.00", max_block(MAX_TIMES)[1]]
+    parsed = parse_log(as_text(lines))
+    assert parsed.timers == () and parsed.skipped_lines == 2
+
+
+def test_checkpoint_memory_reports_are_not_iteration_memory() -> None:
+    report = memory_line(2, 20).replace("(after 20 iterations)", "(before save_checkpoint)")
+    parsed = parse_log(as_text([memory_line(2, 20), report]))
+    assert [m.iteration for m in parsed.memory] == [20]
+    assert parsed.skipped_lines == 0
+
+
+def test_iteration_line_with_every_field() -> None:
+    (record,) = parse_log(as_text([iteration_line(10)])).iterations
+    assert record == IterationRecord(
+        iteration=10,
+        train_iters=30,
+        consumed_samples=640,
+        elapsed_ms=1234.5,
+        throughput_tflops=54.8,
+        learning_rate=1e-4,
+        global_batch_size=64,
+        losses={"lm loss": 10.41234, "mtp_1 loss": 10.52345},
+        loss_scale=1.0,
+        grad_norm=3.456,
+        skipped_iterations=0,
+        nan_iterations=0,
+    )
+    assert list(record.losses) == ["lm loss", "mtp_1 loss"]
+    with pytest.raises(TypeError):
+        record.losses["lm loss"] = 0.0  # type: ignore[index]
+    assert hash(record) == hash(record)
+
+
+def test_iteration_line_without_optional_fields() -> None:
+    line = iteration_line(10, throughput=None, losses={"lm loss": 9.5}, grad_norm=None)
+    (record,) = parse_log(as_text([line])).iterations
+    assert (record.throughput_tflops, record.grad_norm) == (None, None)
+    assert dict(record.losses) == {"lm loss": 9.5}
+
+
+def test_iteration_line_of_a_moe_run_with_flags_the_record_has_no_place_for() -> None:
+    losses = {"lm loss": 9.5, "load_balancing_loss": 1.02, "mtp_1 loss": 9.7}
+    extra = " num zeros: 1234 | params norm: 250.123 |"
+    (record,) = parse_log(as_text([iteration_line(10, losses=losses, extra=extra)])).iterations
+    assert dict(record.losses) == losses
+
+
+def test_nan_loss_is_kept() -> None:
+    (record,) = parse_log(
+        as_text([iteration_line(10, losses={"lm loss": float("nan")})])
+    ).iterations
+    assert record.losses["lm loss"] != record.losses["lm loss"]
+
+
+def test_a_minimal_iteration_line() -> None:
+    line = " iteration        3/      10 | elapsed time per iteration (ms): 12.5 |"
+    (record,) = parse_log(as_text([line])).iterations
+    assert record == IterationRecord(
+        3, 10, None, 12.5, None, None, None, {}, None, None, None, None
+    )
+
+
+def test_memory_lines_of_several_ranks() -> None:
+    lines = [memory_line(rank, 10, allocated=1000.0 + rank) for rank in (3, 0, 2, 1)]
+    parsed = parse_log(as_text(lines))
+    assert parsed.memory[0] == MemoryRecord(3, 10, 1003.0, 2006.0, 2500.0, 2600.0)
+    assert [m.rank for m in parsed.memory] == [3, 0, 2, 1]
+    assert parsed.timers == parsed.iterations == ()
+
+
+def test_memory_line_with_total_device_memory() -> None:
+    line = memory_line(0, 1) + " | total device memory used: 30000.00"
+    assert parse_log(as_text([line])).memory == (
+        MemoryRecord(0, 1, 1234.56, 2469.12, 2500.0, 2600.0),
+    )
+
+
+@pytest.mark.parametrize(
+    ("iterations", "hint"),
+    [([1, 10, 20, 30], 10), ([1, 5, 10], 5), ([101, 110, 120], 10), ([1, 10], None), ([1], None)],
+)
+def test_log_interval_hint(iterations: list[int], hint: int | None) -> None:
+    parsed = parse_log(as_text([iteration_line(i) for i in iterations]))
+    assert parsed.log_interval_hint == hint
+
+
+def test_training_and_steady_intervals() -> None:
+    """Start-up blocks and a save-checkpoint block are not training intervals."""
+    lines = [
+        *with_logger(max_block({"model-and-optimizer-setup": 4100.0})),
+        *with_logger(max_block({"load-checkpoint": 512.0})),
+        iteration_line(1),
+        *with_logger(max_block(MAX_TIMES)),
+        iteration_line(10),
+        *with_logger(max_block(MAX_TIMES)),
+        *with_logger(max_block({"save-checkpoint": 900.0})),
+        iteration_line(20),
+        *with_logger(max_block(MAX_TIMES)),
+    ]
+    parsed = parse_log(as_text(lines))
+    assert parsed.intervals == (0, 1, 2, 3, 4, 5)
+    assert parsed.training_intervals == (2, 3, 5)
+    assert steady_intervals(parsed) == (3, 5)
+    assert steady_intervals(parsed, warmup=0) == (2, 3, 5)
+    assert steady_intervals(parsed, warmup=2) == (5,)
+    assert steady_intervals(parsed, warmup=5) == ()
+    with pytest.raises(ValueError, match="warmup"):
+        steady_intervals(parsed, warmup=-1)
+
+
+def test_the_first_interval_is_kept_as_printed() -> None:
+    """One iteration / log_interval: a tenth of the steady value, exposed, not corrected."""
+    lines = [
+        iteration_line(1),
+        *max_block({"forward-backward": 3600.0 / 10}),
+        iteration_line(10),
+        *max_block({"forward-backward": (3600.0 + 9 * 1200.0) / 10}),
+        iteration_line(20),
+        *max_block({"forward-backward": 1200.0}),
+    ]
+    parsed = parse_log(as_text(lines))
+    assert [r.ms for r in parsed.timers] == [360.0, 1440.0, 1200.0]
+    assert steady_intervals(parsed) == (1, 2)
+
+
+def test_everything_at_once() -> None:
+    """Prefixes, timestamps, interleaved ranks, \\r, garbage, malformed and a cut last line."""
+    ray3 = "(RankActor pid=23106, ip=10.0.0.2) "
+    setup = with_logger(minmax_block({"model-and-optimizer-setup": (4100.0, 4125.5)}))
+    block = with_logger(all_block(ALL_TIMES))
+    maxes = max_block(MAX_TIMES)
+    lines = [
+        "Loading shards 1/4\rLoading shards 4/4\r",
+        "2026-03-16 10:00:01,000 INFO " + setup[0],
+        "2026-03-16 10:00:01,000 INFO " + setup[1] + "\r",
+        "",
+        ray3 + iteration_line(1),
+        "(RankActor pid=48213) " + memory_line(0, 1),
+        ray3 + block[0],
+        "1: [default1]:" + memory_line(1, 1),
+        *(ray3 + line for line in block[1:4]),
+        "\x00☃\ufffd garbage from a dying process",
+        "[rank2]: " + memory_line(2, 1).replace("max reserved", "max"),  # malformed
+        *(ray3 + line for line in block[4:]),
+        "\r",
+        "3: " + iteration_line(10) + "\r",
+        "3: [rank3]:" + TIMERS_LOGGER + maxes[0],
+        "0: [rank0]: W0316 10:00:19.1 torch/distributed warning",
+        *("3: [rank3]:" + line for line in maxes[1:]),
+        TRAINING_LOGGER + iteration_line(20),
+        "\x1b[36m(RankActor pid=23106, ip=10.0.0.2)\x1b[0m " + TIMERS_LOGGER + "max time across",
+    ]
+    parsed = parse_log("\n".join(lines))
+    assert parsed.timers == (
+        TimerRecord(0, None, None, "model-and-optimizer-setup", 4100.0, "min"),
+        TimerRecord(0, None, None, "model-and-optimizer-setup", 4125.5, "max"),
+        *records_all(1, 1),
+        TimerRecord(2, 10, None, "forward-backward", 1236.25, "max"),
+        TimerRecord(2, 10, None, "optimizer", 20.5, "max"),
+    )
+    assert [r.iteration for r in parsed.iterations] == [1, 10, 20]
+    assert [(m.rank, m.iteration) for m in parsed.memory] == [(0, 1), (1, 1)]
+    assert parsed.skipped_lines == 2  # the damaged memory line and the cut last line
+    assert steady_intervals(parsed) == (2,)
+
+
+def test_non_megatron_text_is_a_one_line_error() -> None:
+    text = "\n  \nTraceback (most recent call last):\n" + "x" * 200 + "\n"
+    with pytest.raises(ConfigError) as error:
+        parse_log(text, source="runs/a.log")
+    assert str(error.value) == (
+        "runs/a.log: no Megatron timers, iteration or memory lines found "
+        "(line 3: 'Traceback (most recent call last):')"
+    )
+
+
+def test_error_for_empty_text_and_long_first_line() -> None:
+    with pytest.raises(ConfigError, match=r"^log: .* found \(the text is empty\)$"):
+        parse_log("\n\n")
+    with pytest.raises(ConfigError) as error:
+        parse_log("é" * 300 + "\r\nmore\n")
+    message = str(error.value)
+    assert "\n" not in message and message.endswith("(line 1: '" + "é" * 80 + "…')")
+
+
+def test_malformed_lines_alone_are_an_error() -> None:
+    with pytest.raises(ConfigError, match="no Megatron timers"):
+        parse_log(as_text(MALFORMED))
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.log"
+    path.write_text("hello\n")
+    with pytest.raises(ConfigError) as error:
+        parse_log_file(path)
+    assert str(error.value).startswith(f"{path}: no Megatron ")
+    assert str(error.value).endswith("(line 1: 'hello')")
+    with pytest.raises(ConfigError, match=r"missing\.log: cannot read the log \(No such file"):
+        parse_log_file(tmp_path / "missing.log")
+
+
+def test_fixture_log_of_a_four_stage_run() -> None:
+    """core_v0.16.1 output of a PP=4 run, --timing-log-level 2 --timing-log-option all
+    --log-interval 10, started on Ray: a start-up block, then iterations 1, 10 and 20."""
+    parsed = parse_log_file(FIXTURE)
+    assert parsed.skipped_lines == 0
+    assert [r.iteration for r in parsed.iterations] == [1, 10, 20]
+    assert parsed.log_interval_hint == 10
+    assert [(m.rank, m.iteration) for m in parsed.memory] == [
+        (0, 1), (2, 1), (3, 1), (1, 1), (1, 10), (0, 10), (3, 10), (2, 10),
+    ]  # fmt: skip
+    assert parsed.memory[-1] == MemoryRecord(2, 10, 12869.8, 24601.3, 26212.0, 26212.0)
+    assert parsed.intervals == (0, 1, 2, 3)
+    assert parsed.training_intervals == (1, 2, 3)
+    assert steady_intervals(parsed) == (2, 3)
+    assert parsed.unknown_timers == (
+        "model-and-optimizer-setup",
+        "train/valid/test-data-iterators-setup",
+    )
+    per_interval = [[r for r in parsed.timers if r.interval == i] for i in parsed.intervals]
+    assert [len(records) for records in per_interval] == [8, 70, 70, 70]
+    assert {r.rank for r in parsed.timers} == {0, 1, 2, 3}
+
+    def ms(interval: int, timer: str, rank: int) -> float:
+        (record,) = [r for r in per_interval[interval] if (r.timer, r.rank) == (timer, rank)]
+        return record.ms
+
+    assert ms(0, "model-and-optimizer-setup", 0) == 4111.58
+    # forward-recv: never on the first stage; forward-send: never on the last
+    assert {r.rank for r in per_interval[3] if r.timer == "forward-recv"} == {1, 2, 3}
+    assert {r.rank for r in per_interval[3] if r.timer == "forward-send"} == {0, 1, 2}
+    # the first-interval quirk: one slow iteration / 10 is far below a steady interval
+    first, steady = ms(1, "forward-backward", 3), ms(3, "forward-backward", 3)
+    assert first < 0.4 * steady
+    assert ms(3, "forward-compute", 3) == 371.97
+
+
+_PREFIXES = ["", "(RankActor pid=7, ip=10.0.0.9) ", "(pid=7) ", "[default1]:", "[rank1]:", "1: "]
+_NOISE = [
+    "Traceback (most recent call last):",
+    '  File "/opt/megatron/megatron/training/training.py", line 2034, in training_log',
+    "WARNING: Logging before flag parsing goes to stderr.",
+    "[W316 10:00:12.345 ProcessGroupNCCL.cpp:1168] Warning: something",
+    "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__>",
+    "validation loss at iteration 20 on validation set | lm loss value: 8.6E+00 |",
+    "successfully saved checkpoint from iteration      20 to /ckpt [ t 1/1, p 4/4 ]",
+    "[Rank 2] (before save_checkpoint for iteration 20) memory (MB) | allocated: 1.00",
+    "Evaluating iter 3/10",
+    "> building train, validation, and test datasets ...",
+]
+# Junk: other programs' lines.  Random text never holds a colon, so it cannot look like a timer
+# name (``  name:``), a rank line or a dotted entry; the noise lines are real ones that do.
+_JUNK = st.builds(
+    str.__add__,
+    st.sampled_from(_PREFIXES),
+    st.one_of(
+        st.text(st.characters(exclude_characters=":\r\n"), max_size=60),
+        st.sampled_from(_NOISE),
+    ),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=0), _JUNK), max_size=30))
+def test_junk_lines_never_change_the_records(insertions: list[tuple[int, str]]) -> None:
+    lines = [*clean_lines(), *(_PREFIXES[1] + line for line in clean_lines())]
+    base = parse_log(as_text(lines))
+    for position, junk in insertions:
+        lines.insert(position % (len(lines) + 1), junk)
+    parsed = parse_log(as_text(lines))
+    assert (parsed.timers, parsed.iterations, parsed.memory) == (
+        base.timers,
+        base.iterations,
+        base.memory,
+    )
+    assert parsed.skipped_lines >= base.skipped_lines
+    assert isinstance(parsed, ParsedLog)

@@ -1,0 +1,252 @@
+"""The cost store: round trips, added columns, one-line errors, idempotent and concurrent ingest,
+and what a writer killed half way leaves behind."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from ray_layout.model import ConfigError
+from ray_layout.store import RUN_DATA_TABLES, SCHEMA_VERSION, TABLE_SCHEMAS, CostStore
+
+SPAWN = multiprocessing.get_context("spawn")
+RUN = {"run_id": "r1", "content_hash": "h1", "status": "finished", "layout": "Et*2|tL", "pp": 2}
+RUN_TABLES = {
+    "timers": [
+        {"iteration": 10, "rank": 0, "pp_rank": 0, "timer": "forward-backward", "ms": 812.5},
+        {"iteration": 10, "rank": 1, "pp_rank": 1, "timer": "forward-backward", "ms": 809.0},
+    ],
+    "iterations": [{"iteration": 10, "elapsed_ms": 820.0}, {"iteration": 20, "elapsed_ms": 818.0}],
+    "memory": [{"rank": 0, "pp_rank": 0, "allocated_mb": 1000.0, "max_allocated_mb": 1500.0}],
+}
+
+
+def sample_row(table: str, i: int) -> dict[str, Any]:
+    """Every column the caller supplies, filled with a value of its type."""
+    row: dict[str, Any] = {}
+    for field in TABLE_SCHEMAS[table]:
+        if field.name in ("study", "schema_version"):
+            continue
+        if pa.types.is_string(field.type):
+            row[field.name] = f"{field.name}-{i}"
+        else:
+            row[field.name] = i if pa.types.is_integer(field.type) else i + 0.5
+    return row
+
+
+def read_columns(table: str) -> list[str]:
+    names = TABLE_SCHEMAS[table].names
+    return names if "study" in names else [*names, "study"]
+
+
+@pytest.mark.parametrize("table", list(TABLE_SCHEMAS))
+def test_every_table_round_trips(tmp_path: Path, table: str):
+    store = CostStore(tmp_path)
+    rows = [sample_row(table, i) for i in range(3)]
+    path = store.write(table, rows, "s1")
+    assert path.parent == tmp_path / f"table={table}" / "study=s1"
+    assert path.name.startswith("part-") and path.suffix == ".parquet"
+    got = store.read(table)
+    assert list(got.columns) == read_columns(table)
+    expected = [{**row, "study": "s1", "schema_version": SCHEMA_VERSION} for row in rows]
+    assert got[list(expected[0])].to_dict("records") == expected
+    assert len(pd.read_parquet(path)) == 3  # plain Parquet: any reader takes one file
+
+
+def test_a_column_added_later_is_kept_with_nulls_for_older_rows(tmp_path, monkeypatch):
+    store = CostStore(tmp_path)
+    older = store.write("iterations", [sample_row("iterations", 1)], "s")
+    older.rename(older.with_name("part-0.parquet"))  # first in name order: the file readers
+    # that take one file's schema would follow, dropping the column only the newer file has
+    newer = TABLE_SCHEMAS["iterations"].append(pa.field("moe_aux_loss", pa.float64()))
+    monkeypatch.setitem(TABLE_SCHEMAS, "iterations", newer)
+    store.write("iterations", [{**sample_row("iterations", 2), "moe_aux_loss": 0.25}], "s")
+    monkeypatch.undo()  # read back with the older schema, as an older reader would
+    got = store.read("iterations").sort_values("iteration")
+    assert got["iteration"].tolist() == [1, 2]
+    assert got["moe_aux_loss"].isna().tolist() == [True, False]
+    assert got["moe_aux_loss"].iloc[1] == 0.25
+    assert store.read("iterations", moe_aux_loss=0.25)["iteration"].tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda s: s.write("nope", [{"run_id": "r"}], "s"), "unknown table 'nope'"),
+        (lambda s: s.read("nope"), "unknown table 'nope'"),
+        (lambda s: s.write("runs", [{"run_id": "r", "bogus": 1}], "s"), "no column.*bogus"),
+        (lambda s: s.read("runs", bogus=1), "no column 'bogus'"),
+        (lambda s: s.read("runs", pp="four"), "filter pp='four'"),
+        (lambda s: s.write("runs", [{"run_id": None}], "s"), "'run_id' must not be null"),
+        (lambda s: s.write("runs", [{"pp": 4}], "s"), "'run_id' must not be null"),
+        (lambda s: s.write("runs", [{"run_id": "r", "pp": "four"}], "s"), "column 'pp'"),
+        (lambda s: s.write("runs", [{"run_id": "r", "pp": 2.5}], "s"), "column 'pp'"),
+        (lambda s: s.write("runs", [], "s"), "no rows"),
+        (lambda s: s.write("runs", [{"run_id": "r", "study": "t"}], "s"), "another study"),
+        (lambda s: s.write("runs", [{"run_id": "r"}], "../up"), "study id"),
+        (lambda s: s.read("runs", ".hidden"), "study id"),
+        (lambda s: s.write_run(RUN, {"runs": [{"run_id": "r"}]}, "s"), "write_run takes"),
+        (lambda s: s.write_run(RUN, {"timers": [{"run_id": "x"}]}, "s"), "another run_id"),
+        (lambda s: s.read_run_data("runs"), "read_run_data reads"),
+    ],
+)
+def test_bad_input_is_one_line_config_error(tmp_path, call, match):
+    with pytest.raises(ConfigError, match=match) as excinfo:
+        call(CostStore(tmp_path))
+    assert "\n" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize("table", list(TABLE_SCHEMAS))
+def test_empty_reads_have_the_schema_columns(tmp_path, table):
+    store = CostStore(tmp_path)
+    empty = store.read(table)
+    assert empty.empty and list(empty.columns) == read_columns(table)
+    assert empty["schema_version"].dtype == "int64"
+    store.write(table, [sample_row(table, 1)], "s")
+    nothing = store.read(table, "s", schema_version=SCHEMA_VERSION + 1)
+    assert nothing.empty and list(nothing.columns) == read_columns(table)
+    assert store.read(table, "other").empty
+
+
+def test_filters_select_by_study_and_column_equality(tmp_path):
+    store = CostStore(tmp_path)
+    frame = pd.DataFrame({"run_id": ["r1", "r2"], "pp": [4, 2], "layout": ["Et|tL", None]})
+    store.write("runs", frame, "s1")
+    store.write("runs", [{"run_id": "r3", "pp": 4, "layout": "Et|tL"}], "s2")
+    assert sorted(store.read("runs", pp=4)["run_id"]) == ["r1", "r3"]
+    assert store.read("runs", "s1", pp=4)["run_id"].tolist() == ["r1"]
+    assert store.read("runs", layout=None)["run_id"].tolist() == ["r2"]
+    assert store.read("runs", "s2")["study"].tolist() == ["s2"]
+    assert store.has("runs", "s2", run_id="r3") and not store.has("runs", "s1", run_id="r3")
+    assert store.has("runs", None, run_id="r3")
+    assert store.studies() == ["s1", "s2"]
+
+
+def test_write_run_stores_a_run_once(tmp_path):
+    store = CostStore(tmp_path)
+    assert store.write_run(RUN, RUN_TABLES, "s") is True
+    assert store.write_run(RUN, RUN_TABLES, "s") is False
+    assert store.write_run({**RUN, "run_id": "r1-again"}, RUN_TABLES, "s") is False
+    assert store.write_run({"run_id": "r1", "content_hash": "h2"}, RUN_TABLES, "s") is False
+    assert store.read("runs")["run_id"].tolist() == ["r1"]
+    for table in RUN_DATA_TABLES:
+        assert len(store.read_run_data(table)) == len(RUN_TABLES[table])
+        assert set(store.read_run_data(table)["run_id"]) == {"r1"}
+    assert store.write_run(RUN, RUN_TABLES, "other") is True  # studies are separate
+    assert len(store.read_run_data("timers", "s")) == len(RUN_TABLES["timers"])
+
+
+def test_a_failed_ingest_leaves_nothing_and_can_be_retried_at_once(tmp_path):
+    store, real_replace = CostStore(tmp_path), os.replace
+
+    def full_disk_for_runs(src, dst):
+        if "table=runs" in str(dst):
+            raise OSError("no space left on device")
+        real_replace(src, dst)
+
+    with mock.patch.object(os, "replace", full_disk_for_runs), pytest.raises(OSError):
+        store.write_run(RUN, RUN_TABLES, "s")
+    assert store.read("runs").empty and store.read("timers").empty
+    assert store.write_run(RUN, RUN_TABLES, "s") is True
+    assert len(store.read("timers")) == len(RUN_TABLES["timers"])
+
+
+def _write_files(root: str, writer: int, count: int) -> None:
+    store = CostStore(root)
+    for i in range(count):
+        store.write("timers", [{"run_id": f"w{writer}", "timer": "t", "iteration": i}], "s")
+
+
+def _ingest(root: str, barrier: Any, results: Any) -> None:
+    store = CostStore(root)
+    barrier.wait()
+    results.put(store.write_run(RUN, RUN_TABLES, "s"))
+
+
+def _sigkill(*_args: Any) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_before_replace(root: str) -> None:
+    with mock.patch.object(os, "replace", _sigkill):
+        CostStore(root).write("runs", [{"run_id": "r1"}], "s")
+
+
+def _die_before_runs_row(root: str) -> None:
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if "table=runs" in str(dst):
+            _sigkill()
+        real_replace(src, dst)
+
+    with mock.patch.object(os, "replace", replace):
+        CostStore(root).write_run(RUN, RUN_TABLES, "s")
+
+
+def run_processes(*processes: Any) -> list[int | None]:
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    return [process.exitcode for process in processes]
+
+
+def test_concurrent_writers_each_add_their_own_files(tmp_path):
+    args = [(str(tmp_path), writer, 20) for writer in range(4)]
+    assert run_processes(*(SPAWN.Process(target=_write_files, args=a) for a in args)) == [0] * 4
+    folder = tmp_path / "table=timers" / "study=s"
+    assert len(list(folder.glob("part-*.parquet"))) == 80
+    assert list(folder.glob(".*")) == []
+    got = CostStore(tmp_path).read("timers")
+    assert len(got) == 80
+    assert len(set(zip(got["run_id"], got["iteration"], strict=True))) == 80
+
+
+def test_processes_racing_to_ingest_one_run_store_it_once(tmp_path):
+    barrier, results = SPAWN.Barrier(4), SPAWN.Queue()
+    racers = [SPAWN.Process(target=_ingest, args=(str(tmp_path), barrier, results)) for _ in "abcd"]
+    assert run_processes(*racers) == [0] * 4
+    assert sorted(results.get(timeout=5) for _ in racers) == [False, False, False, True]
+    store = CostStore(tmp_path)
+    assert store.read("runs")["run_id"].tolist() == ["r1"]
+    for table in RUN_DATA_TABLES:
+        assert len(store.read(table)) == len(RUN_TABLES[table])
+
+
+def test_a_writer_killed_before_its_rename_leaves_only_an_ignored_temp_file(tmp_path):
+    killed = SPAWN.Process(target=_die_before_replace, args=(str(tmp_path),))
+    assert run_processes(killed) == [-signal.SIGKILL]
+    assert list((tmp_path / "table=runs" / "study=s").glob(".tmp-*.parquet"))
+    store = CostStore(tmp_path)
+    assert store.read("runs").empty and not store.has("runs", "s")
+    assert store.studies() == []
+
+
+def test_a_run_whose_writer_died_is_invisible_until_a_stale_claim_is_taken_over(tmp_path):
+    killed = SPAWN.Process(target=_die_before_runs_row, args=(str(tmp_path),))
+    assert run_processes(killed) == [-signal.SIGKILL]
+    store = CostStore(tmp_path)
+    assert store.read("runs").empty
+    for table in RUN_DATA_TABLES:
+        assert store.read_run_data(table).empty
+        assert len(store.read(table)) == len(RUN_TABLES[table])  # orphans, on disk only
+    assert store.write_run(RUN, RUN_TABLES, "s") is False  # a fresh claim: its writer may live
+
+    patient = CostStore(tmp_path, stale_claim_s=0.2)
+    time.sleep(0.3)
+    assert patient.write_run(RUN, RUN_TABLES, "s") is True
+    assert patient.write_run(RUN, RUN_TABLES, "s") is False
+    assert patient.read("runs")["run_id"].tolist() == ["r1"]
+    for table in RUN_DATA_TABLES:
+        assert len(patient.read_run_data(table)) == len(RUN_TABLES[table])
+        assert len(patient.read(table)) == len(RUN_TABLES[table])  # the orphans are gone
