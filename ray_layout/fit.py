@@ -161,6 +161,7 @@ def fit_costs(
         forward_ms=forward_ms,
         backward_ms=backward_ms,
         jitter_cv=_jitter(model, runs, columns, fwd + bwd),
+        memory_calibration=_memory_calibration(model, parallel, runs, base),
         source="fit",
         model=model.name,
         micro_batch_size=parallel.micro_batch_size,
@@ -203,6 +204,48 @@ def _jitter(
     if PAIR in cvs:
         cvs[MTP] = cvs[LOSS] = cvs.pop(PAIR)
     return cvs
+
+
+def _memory_calibration(
+    model: ModelSpec, parallel: ParallelConfig, runs: Sequence[RunObservation], base: UnitCosts
+) -> dict[str, float]:
+    """Per-unit activation factors from the peak allocated memory each rank reported: measured
+    minus the exact static state is activations x in-flight micro-batches (+ the logits on the
+    last rank), solved by non-negative least squares; units no rank pins down keep 1."""
+    from search.cost_model import build_cost_model
+    from search.evaluate import _per_rank, _standalone_rank
+
+    rows, values, units = [], [], None
+    for run in runs:
+        if run.max_allocated_mb is None or not np.isfinite(run.max_allocated_mb).any():
+            continue
+        layout = run.layout
+        sized = replace(parallel, pp=layout.pp, vpp=layout.vpp)
+        plain = replace(base, memory_calibration={})
+        cost_model = build_cost_model(model, sized, plain, run.num_microbatches)
+        units = cost_model.units
+        space = LayoutSpace(model.num_layers, model.mtp_num_layers, layout.pp, layout.vpp,
+                            allow_empty_stages=True, allow_standalone_mtp=True,
+                            require_placement=False)  # fmt: skip
+        counts = space.unit_counts(_cuts_of(layout, model)[None], units, model.moe_layer_pattern)
+        static = _per_rank(counts @ cost_model.static_bytes, layout.pp)[0]
+        static += (
+            _standalone_rank(counts, cost_model, layout.pp)[0] * cost_model.standalone_copy_bytes
+        )
+        chunks = counts[0].reshape(layout.vpp, layout.pp, len(units))
+        held = (chunks * cost_model.in_flight.T[:, :, None]).sum(axis=0)  # (PP, U)
+        columns = held * cost_model.activation_bytes
+        columns[-1, units.index(LOSS)] += cost_model.logits_bytes
+        seen = np.isfinite(run.max_allocated_mb)
+        rows.append(columns[seen])
+        values.append(run.max_allocated_mb[seen] * 2**20 - static[seen])
+    if not rows:
+        return dict(base.memory_calibration)
+    a, y = np.concatenate(rows), np.concatenate(values)
+    factors, _ = nnls(a, y)
+    pinned = np.abs(a).sum(axis=0) > 0
+    return {u: float(np.clip(f, 0.05, 20.0)) if pinned[i] else 1.0
+            for i, (u, f) in enumerate(zip(units, factors, strict=True))}  # fmt: skip
 
 
 def _gparams_per_rank(model: ModelSpec, parallel: ParallelConfig, layout: Layout) -> np.ndarray:

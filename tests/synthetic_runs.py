@@ -56,7 +56,8 @@ def synthetic_log(
     _, _, counts = _layout_counts(layout, cost_model)
     forward, backward = stage_times(cost_model, counts)
     tail = tail_ms(cost_model, counts, run.pp)[0]
-    peak_mb = memory(cost_model, counts, run.pp)[0] / 2**20
+    # Megatron's "max allocated" is PyTorch's allocator: no CUDA context, NCCL or slack
+    peak_mb = (memory(cost_model, counts, run.pp)[0] - cost_model.overhead_bytes) / 2**20
     rng = np.random.default_rng(seed)
     per_stage = run.world_size // run.pp
     sigma = np.sqrt(np.log1p(noise_cv**2))

@@ -122,3 +122,15 @@ def test_profile_design_for_the_handbook():
     assert flags[:4] == ["--pipeline-model-parallel-size", "4",
                          "--pipeline-model-parallel-layout", str(kept.layouts[0])]  # fmt: skip
     assert "--timing-log-option" in flags and "all" in flags
+
+
+def test_memory_calibration_comes_back_from_max_allocated():
+    from dataclasses import replace
+
+    truth = replace(TRUTH, memory_calibration={"t": 1.3, "m": 0.8, "L": 1.1, "E": 1.0})
+    runs = observe(["Et*3|t*7|t*6m|L", "Et|t*15|m|L"], costs=truth)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs)
+    for unit in ("t", "L"):
+        assert result.costs.memory_calibration[unit] == pytest.approx(
+            truth.memory_calibration[unit], rel=0.02
+        )
