@@ -22,6 +22,7 @@ from scipy.optimize import nnls
 
 from ray_layout.costs import UnitCosts, costs_from_flops
 from ray_layout.layout import Layout
+from ray_layout.megatron_log_format import P2P_TIMER_OF_CALL
 from ray_layout.model import ConfigError, ModelSpec, ParallelConfig
 from ray_layout.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes, unit_sizes
 from search.space import LayoutSpace
@@ -31,14 +32,6 @@ if TYPE_CHECKING:
 
 PAIR = "m+L"  # the MTP layers and the loss, fitted as one unit when never measured apart
 RESIDUAL_WARNING = 0.05
-P2P_TIMERS = {
-    "recv_forward": "forward-recv",
-    "send_forward": "forward-send",
-    "send_forward_recv_backward": "forward-send-backward-recv",
-    "send_backward_recv_forward": "backward-send-forward-recv",
-    "recv_backward": "backward-recv",
-    "send_backward": "backward-send",
-}
 
 
 @dataclass(frozen=True)
@@ -284,8 +277,8 @@ def _p2p(runs: Sequence[RunObservation], base: UnitCosts) -> dict[str, float]:
         for rank, rank_list in enumerate(ops):
             calls: dict[str, int] = {}
             for op in rank_list:
-                if isinstance(op, P2PCall) and op.name in P2P_TIMERS:
-                    calls[P2P_TIMERS[op.name]] = calls.get(P2P_TIMERS[op.name], 0) + 1
+                if isinstance(op, P2PCall) and op.name in P2P_TIMER_OF_CALL:
+                    calls[P2P_TIMER_OF_CALL[op.name]] = calls.get(P2P_TIMER_OF_CALL[op.name], 0) + 1
             for timer, count in calls.items():
                 if timer in run.timers:
                     fastest = min(fastest, float(run.timers[timer][:, rank].min()) / count)

@@ -12,6 +12,18 @@ from collections.abc import Mapping
 from datetime import datetime
 
 TIMER_LOGGER_PREFIX = "INFO:megatron.core.timers:"
+# The level-2 timer each of Megatron's p2p calls runs under (schedules.py / p2p_communication.py)
+P2P_TIMER_OF_CALL = {
+    "recv_forward": "forward-recv",
+    "send_forward": "forward-send",
+    "send_forward_recv_backward": "forward-send-backward-recv",
+    "send_backward_recv_forward": "backward-send-forward-recv",
+    "recv_backward": "backward-recv",
+    "send_backward": "backward-send",
+    "send_forward_recv_forward": "forward-send-forward-recv",
+    "send_backward_recv_backward": "backward-send-backward-recv",
+    "send_forward_backward_recv_forward_backward": "forward-backward-send-forward-backward-recv",
+}
 
 
 def _padded(name: str) -> str:

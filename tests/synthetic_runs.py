@@ -13,6 +13,7 @@ import numpy as np
 from ray_layout.costs import UnitCosts
 from ray_layout.layout import Layout
 from ray_layout.megatron_log_format import (
+    P2P_TIMER_OF_CALL,
     TIMER_LOGGER_PREFIX,
     iteration_line,
     memory_line,
@@ -23,18 +24,6 @@ from search.cost_model import build_cost_model
 from search.evaluate import memory, stage_times, tail_ms
 from search.planner import _layout_counts
 from search.schedule import Compute, P2PCall, compile_schedule, simulate
-
-TIMER_OF_CALL = {
-    "recv_forward": "forward-recv",
-    "send_forward": "forward-send",
-    "send_forward_recv_backward": "forward-send-backward-recv",
-    "send_backward_recv_forward": "backward-send-forward-recv",
-    "recv_backward": "backward-recv",
-    "send_backward": "backward-send",
-    "send_forward_recv_forward": "forward-send-forward-recv",
-    "send_backward_recv_backward": "backward-send-backward-recv",
-    "send_forward_backward_recv_forward_backward": "forward-backward-send-forward-backward-recv",
-}
 
 
 def synthetic_log(
@@ -76,7 +65,7 @@ def synthetic_log(
             if isinstance(op, Compute):
                 timer = "forward-compute" if op.kind == "F" else "backward-compute"
             elif isinstance(op, P2PCall):
-                timer = TIMER_OF_CALL[op.name]
+                timer = P2P_TIMER_OF_CALL[op.name]
             duration = times.end[op_id, 0] - times.start[op_id, 0]
             per_rank.setdefault(timer, np.zeros(run.pp))[program.rank[op_id]] += duration
         per_rank["all-grads-sync"] = tail * grad_share
