@@ -68,10 +68,6 @@ class ModelSpec:
         return sum(self.moe_layer_pattern)
 
     @property
-    def num_dense_layers(self) -> int:
-        return self.num_layers - self.num_moe_layers
-
-    @property
     def mtp_layer_is_moe(self) -> bool:
         """Megatron builds each MTP layer with the spec of the last decoder layer."""
         return bool(self.moe_layer_pattern) and self.moe_layer_pattern[-1]
@@ -114,10 +110,6 @@ class ParallelConfig:
         """Micro-batches per step, when the global batch size is known."""
         if not self.global_batch_size:
             return None
-        return self.global_batch_size // (self.micro_batch_size * self.dp)
-
-    @property
-    def num_micro_batches(self) -> int:
         return self.global_batch_size // (self.micro_batch_size * self.dp)
 
 

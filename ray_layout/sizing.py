@@ -46,14 +46,6 @@ class Params:
             self.active_expert + other.active_expert,
         )
 
-    def __mul__(self, times: int) -> Params:
-        return Params(
-            self.tp_sharded * times,
-            self.replicated * times,
-            self.expert * times,
-            self.active_expert * times,
-        )
-
 
 @dataclass(frozen=True)
 class UnitSize:

@@ -78,10 +78,6 @@ def p2p_links(costs: UnitCosts, parallel: ParallelConfig) -> np.ndarray:
     return links
 
 
-def decoder_units(model: ModelSpec) -> tuple[str, ...]:
-    return tuple(name for name in unit_sizes(model) if name.startswith("t"))
-
-
 def build_cost_model(
     model: ModelSpec,
     parallel: ParallelConfig,
