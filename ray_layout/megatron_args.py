@@ -22,6 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ray_layout.layout import LayoutError, parse_stages
 from ray_layout.model import MODEL_KEYS, ConfigError, Recipe, build_recipe
 
 _FLAG_TABLE = Path(__file__).parent / "data" / "megatron_args_core_v0.16.1.json"
@@ -369,10 +370,18 @@ def _recipe(parsed: dict[str, Any], world: int | None, name: str, source: str) -
     table = megatron_flag_table().values()
     values = {e["dest"]: e["default"] for e in table if e["dest"] in _MEGATRON_DEFAULTS} | parsed
     model = {key: value for key, value in values.items() if key in MODEL_KEYS} | {"name": name}
+    if values.get("tokenizer_type") == "NullTokenizer":
+        model["vocab_size"] += 1  # NullTokenizer adds an end-of-document token to --vocab-size
     parallel = {field: values[dest] for dest, field in _PARALLEL_FIELDS.items() if dest in values}
     parallel.setdefault("etp", parallel.get("tp", 1))  # Megatron: expert TP defaults to TP
     if "num_layers_per_virtual_pipeline_stage" in values:
         parallel["vpp"] = _virtual_stages(values, source)
+    if values.get("pipeline_model_parallel_layout"):  # Megatron: VPP = layout stages / PP
+        try:
+            stages = len(parse_stages(values["pipeline_model_parallel_layout"]))
+        except LayoutError as exc:
+            raise ConfigError(f"{source}: --pipeline-model-parallel-layout: {exc}") from None
+        parallel["vpp"] = max(1, stages // parallel.get("pp", 1))
     pp = parallel.get("pp", 1)
     model_parallel = parallel.get("tp", 1) * parallel.get("cp", 1) * pp
     if world is None:  # unknown: the smallest DP that the expert grid allows (1 without EP)

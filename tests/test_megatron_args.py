@@ -249,3 +249,16 @@ def test_unresolved_variable_of_an_unused_flag_is_fine():
 def test_missing_script_file():
     with pytest.raises(ConfigError, match="cannot read"):
         load_megatron_script(DATA / "no_such_script.sh")
+
+
+def test_null_tokenizer_vocab_and_layout_vpp_follow_megatron():
+    text = (
+        "pretrain_gpt.py --num-layers 8 --hidden-size 64 --num-attention-heads 4 "
+        "--seq-length 128 --vocab-size 999 --tokenizer-type NullTokenizer "
+        "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Ett|tt|tt|ttL'"
+    )
+    recipe = load_megatron_command_line(text)
+    assert recipe.model.vocab_size == 1000  # NullTokenizer: --vocab-size + end of document
+    assert recipe.parallel.vpp == 2  # four stages on PP=2
+    with pytest.raises(ConfigError, match="pipeline-model-parallel-layout"):
+        load_megatron_command_line(text.replace("'Ett|tt|tt|ttL'", "'Etx|L'"))
