@@ -291,6 +291,8 @@ def _parallel_arguments(p: ParallelConfig, layout: Layout | None) -> list[str]:
             "--use-distributed-optimizer": p.use_distributed_optimizer,
             "--num-virtual-stages-per-pipeline-rank": virtual_stages,
             _LAYOUT_FLAG: None if layout is None else str(layout),
+            # the interleaved schedule as ray_layout simulates and emulates it: batched p2p
+            "--no-overlap-p2p-communication": (layout.vpp if layout else p.vpp) > 1,
         }
     )
 

@@ -102,7 +102,7 @@ def load_megatron_script(path: str | Path) -> Recipe:
 
 def _load(text: str, source: str, name: str) -> Recipe:
     launcher, arguments = _split_at_script(_commands(_shell_tokens(text, source), source))
-    return _recipe(_parse_flags(arguments, source), _world_size(launcher, source), name, source)
+    return _recipe(parse_flags(arguments, source), _world_size(launcher, source), name, source)
 
 
 def _shell_tokens(text: str, source: str) -> list[str]:
@@ -252,7 +252,7 @@ def _split_at_script(commands: list[list[str]]) -> tuple[list[str], list[str]]:
     return command[:j], command[j + 1 :]
 
 
-def _parse_flags(words: list[str], source: str) -> dict[str, Any]:
+def parse_flags(words: list[str], source: str) -> dict[str, Any]:
     """Megatron's argparse over the script's arguments: dest -> typed value, the last one winning.
 
     Words that no flag takes (shell leftovers such as the ``2`` of ``2>&1``) are skipped.
