@@ -133,6 +133,9 @@ def observations_from_store(
         raise ConfigError(f"{store.root}: no finished runs of {model.name} in {where}; ingest some")
     timers = store.read_run_data("timers", study=study)
     memory = store.read_run_data("memory", study=study)
+    runs = runs[runs.run_id.isin(set(timers.run_id))]  # cluster attempt rows carry no timers
+    if runs.empty:
+        raise ConfigError(f"{store.root}: the finished runs of {model.name} have no timers")
     observations = []
     for run in runs.itertuples():
         sizes = ParallelConfig(

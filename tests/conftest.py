@@ -1,0 +1,30 @@
+"""Shared fixtures: one simulated multi-node Ray cluster for the whole test session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+NODES, GPUS_PER_NODE = 3, 4
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[object]:
+    """3 nodes x 4 fake GPUs (about 7 s to start, 1.4 GB), shared by every test that needs Ray;
+    removed node by node at the end, never with ``ray stop``."""
+    if os.environ.get("RAY_LAYOUT_SKIP_RAY") == "1":
+        pytest.skip("Ray disabled")
+    import ray
+
+    from ray_layout.cluster import start_local_cluster
+
+    if ray.is_initialized():
+        pytest.fail("a Ray connection is already open; the cluster fixture needs its own")
+    cluster = start_local_cluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
