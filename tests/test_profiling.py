@@ -1,0 +1,60 @@
+"""Emulated profiling runs on the simulated multi-node cluster, ingested and fitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launchers.emulated_megatron import load_profile
+from launchers.megatron import ProfileSettings
+from ray_layout.fit import fit_costs
+from ray_layout.ingest import observations_from_store
+from ray_layout.layout import Layout
+from ray_layout.model import ConfigError, load_recipe_file, with_parallel
+from ray_layout.profiling import Backend, profile_layouts_on_cluster, rank_command
+from ray_layout.store import CostStore
+
+HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
+PROFILE = Path("cluster_configs/hardware/h200_emulated.yaml")
+
+
+def test_backends_build_their_commands(tmp_path):
+    layout = Layout.parse("Et*4|t*4|t*4|t*4mL", 4)
+    emulated = Backend("emulated", hardware_profile=PROFILE)
+    command, env = rank_command(emulated, HANDBOOK, layout, ProfileSettings())
+    assert command[1:3] == ["-m", "launchers.emulated_megatron"]
+    assert env["RAY_LAYOUT_HARDWARE_PROFILE"].endswith("h200_emulated.yaml")
+    checkout = tmp_path / "Megatron-LM"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text("")
+    real, env = rank_command(Backend("megatron", megatron_path=checkout), HANDBOOK, layout,
+                             ProfileSettings())  # fmt: skip
+    assert real[1].endswith("pretrain_gpt.py") and env == {}
+    assert real[2:] == command[3:]  # one argument list for both backends
+    with pytest.raises(ConfigError, match="megatron-path"):
+        Backend("megatron")
+
+
+def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_path):
+    """PP=4 x DP=2 on nodes of 4 fake GPUs: two profiling runs side by side would need 16
+    GPUs of the 12, so they queue; each is ingested and the fit recovers the profile's t."""
+    recipe = with_parallel(HANDBOOK, pp=4, ep=2, dp=2, global_batch_size=32)
+    store = CostStore(tmp_path / "store")
+    layouts = [Layout.parse("Et*3|t*7|t*6m|L", 4), Layout.parse("Et|t*15|m|L", 4)]
+    settings = ProfileSettings(train_iters=6)
+    runs = profile_layouts_on_cluster(
+        recipe, layouts, Backend("emulated", hardware_profile=PROFILE), store, "emu",
+        tmp_path / "logs", gpus_per_node=4, settings=settings, timeout_s=240, heartbeat_s=120,
+    )  # fmt: skip
+    assert [r.result.status for r in runs] == ["finished", "finished"], [r.result for r in runs]
+    assert all(r.ingested and r.ingested.stored for r in runs)
+    rows = store.read("runs", study="emu")
+    ingested = rows[rows.backend == "external"]
+    assert len(ingested) == 2 and set(ingested.num_microbatches) == {8}
+    timers = store.read_run_data("timers", study="emu")
+    assert set(timers["rank"]) == set(range(8))  # every rank's timers reached the last rank
+    observations = observations_from_store(store, "emu", recipe.model, recipe.parallel)
+    fitted = fit_costs(recipe.model, recipe.parallel, observations)
+    truth = load_profile(PROFILE).costs  # what the emulator slept; the tuner never reads it
+    assert fitted.costs.forward_ms["t"] == pytest.approx(truth.forward_ms["t"], rel=0.15)
