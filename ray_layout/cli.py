@@ -639,6 +639,74 @@ def cmd_fit(args: argparse.Namespace, console: Console) -> None:
     console.print(f"wrote {args.output}", highlight=False)
 
 
+def cmd_profile(args: argparse.Namespace, console: Console) -> None:
+    from pathlib import Path
+
+    from launchers.megatron import ProfileSettings
+    from ray_layout.profiling import Backend, profile_layouts_on_cluster
+
+    recipe = _recipe_from_args(args)
+    backend = Backend(
+        args.backend,
+        megatron_path=Path(args.megatron_path) if args.megatron_path else None,
+        hardware_profile=Path(args.hardware) if args.hardware else None,
+    )
+    if args.layout:
+        layouts = [Layout.parse(text, recipe.parallel.pp) for text in args.layout]
+        for layout in layouts:
+            validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
+    else:
+        microbatches = recipe.parallel.num_microbatches_or_none or 8
+        guess = costs_from_flops(recipe.model, recipe.parallel, FLOPS_TFLOPS)
+        layouts = list(profile_design(recipe.model, recipe.parallel, microbatches, guess).layouts)
+    cluster = _connect_ray(args.ray_address, args.gpus_per_node)
+    try:
+        runs = profile_layouts_on_cluster(
+            recipe, layouts, backend, CostStore(args.store), args.study, Path(args.log_dir),
+            args.gpus_per_node, ProfileSettings(train_iters=args.train_iters),
+            timeout_s=args.timeout_s, heartbeat_s=args.heartbeat_s,
+        )  # fmt: skip
+    finally:
+        _disconnect_ray(cluster)
+    rows = [
+        {"layout": str(run.layout), "status": run.result.status,
+         "failure_class": run.result.failure_class, "error": run.result.error,
+         "attempts": run.result.attempts, "run_id": run.ingested.run_id if run.ingested else None}
+        for run in runs
+    ]  # fmt: skip
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        for row in rows:
+            detail = row["run_id"] or f"{row['failure_class']}: {row['error']}"
+            console.print(f"{row['layout']}: {row['status']} ({detail})", highlight=False,
+                          markup=False)  # fmt: skip
+        fit = f"python -m ray_layout fit {args.config} --store {args.store} --study {args.study}"
+        console.print(f"next: {fit} -o costs.json", highlight=False, markup=False)
+    if any(row["status"] != "finished" for row in rows):
+        raise SystemExit(1)
+
+
+def _connect_ray(address: str | None, gpus_per_node: int):
+    """Join a running cluster, or simulate a 3-node one of ``gpus_per_node`` fake GPUs each."""
+    import ray
+
+    from ray_layout.cluster import start_local_cluster
+
+    if address:
+        ray.init(address=address, logging_level="ERROR")
+        return None
+    return start_local_cluster(nodes=3, gpus_per_node=gpus_per_node)
+
+
+def _disconnect_ray(cluster) -> None:
+    import ray
+
+    ray.shutdown()
+    if cluster is not None:
+        cluster.shutdown()
+
+
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--costs", required=True, help="COSTS.json (docs/costs.md), or 'flops' to derive from FLOPs"
@@ -776,6 +844,30 @@ def build_parser() -> argparse.ArgumentParser:
     fitter.add_argument("-o", "--output", required=True, help="COSTS.json to write")
     fitter.add_argument("--json", action="store_true", help="print JSON")
     fitter.set_defaults(handler=cmd_fit)
+
+    runner = commands.add_parser(
+        "profile", help="run profiling runs on Ray (emulated or Megatron-LM) into the store"
+    )
+    runner.add_argument("config", help=config_help)
+    _add_parallel_flags(runner)
+    runner.add_argument("--layout", action="append", help="default: what profile-layouts picks")
+    runner.add_argument("--backend", choices=("emulated", "megatron"), default="emulated")
+    runner.add_argument(
+        "--hardware",
+        default="cluster_configs/hardware/h200_emulated.yaml",
+        help="the emulated backend's hardware profile",
+    )
+    runner.add_argument("--megatron-path", help="a Megatron-LM checkout (megatron backend)")
+    runner.add_argument("--store", required=True)
+    runner.add_argument("--study", default="default")
+    runner.add_argument("--log-dir", default="ray_layout_logs")
+    runner.add_argument("--ray-address", help="a running cluster (default: simulate 3 nodes)")
+    runner.add_argument("--gpus-per-node", type=int, default=4)
+    runner.add_argument("--train-iters", type=int, default=8)
+    runner.add_argument("--timeout-s", type=float, default=1800.0)
+    runner.add_argument("--heartbeat-s", type=float, default=600.0)
+    runner.add_argument("--json", action="store_true", help="print JSON")
+    runner.set_defaults(handler=cmd_profile)
 
     sim = commands.add_parser("simulate", help="simulate one layout's step in detail")
     sim.add_argument("config", help=config_help)

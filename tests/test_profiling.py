@@ -58,3 +58,11 @@ def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_pat
     fitted = fit_costs(recipe.model, recipe.parallel, observations)
     truth = load_profile(PROFILE).costs  # what the emulator slept; the tuner never reads it
     assert fitted.costs.forward_ms["t"] == pytest.approx(truth.forward_ms["t"], rel=0.15)
+
+
+def test_profile_command_refuses_a_megatron_backend_without_a_checkout(capsys):
+    from ray_layout.cli import main
+
+    assert main(["profile", "configs/handbook_7b_a1b.yaml", "--pp", "4", "--backend", "megatron",
+                 "--store", "unused"]) == 2  # fmt: skip
+    assert "needs --megatron-path" in capsys.readouterr().err
