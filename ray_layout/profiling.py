@@ -14,8 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from launchers.megatron import ProfileSettings, megatron_arguments, megatron_command
-from ray_layout.cluster import FINISHED, RunResult, RunSpec, megatron_rank_env, run_many
+from launchers.megatron import (
+    ProfileSettings,
+    megatron_arguments,
+    megatron_command,
+    rank_environment,
+)
+from ray_layout.cluster import FINISHED, RunResult, RunSpec, run_many
 from ray_layout.ingest import Ingested, LoggedRun, ingest
 from ray_layout.layout import Layout
 from ray_layout.model import ConfigError, Recipe
@@ -118,8 +123,10 @@ def profile_layouts_on_cluster(
         runs.append(run_recipe)
 
     def rank_env(rank: int, world: int, addr: str, port: int, gpus: list[int]) -> dict[str, str]:
-        # ranks fill nodes in order, gpus_per_node at a time (ray_layout.cluster.rank_order)
-        return megatron_rank_env(rank, world, addr, port, gpus) | {
+        """Megatron's rank environment (CUDA_DEVICE_MAX_CONNECTIONS with TP or CP > 1, ...);
+        the cluster then sets the device variables itself. Ranks fill nodes in order,
+        ``gpus_per_node`` at a time (``ray_layout.cluster.rank_order``)."""
+        return rank_environment(rank, world, addr, port, gpus, recipe.parallel, base={}) | {
             "RAY_LAYOUT_NODE_RANK": str(rank // gpus_per_node)
         }
 
