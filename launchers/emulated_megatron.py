@@ -61,7 +61,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import yaml
 
 from ray_layout.baselines import megatron_default
 from ray_layout.costs import FORMAT, UnitCosts, costs_from_dict, stage_compute_ms
@@ -77,7 +76,7 @@ from ray_layout.megatron_log_format import (
     timers_minmax,
 )
 from ray_layout.megatron_logs import LEVEL1_TIMERS, LEVEL2_TIMERS
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig, with_parallel
+from ray_layout.model import ConfigError, ModelSpec, ParallelConfig, read_mapping, with_parallel
 from ray_layout.sizing import WEIGHT_BYTES, stage_sizes, training_flops_per_iteration
 from search.cost_model import in_flight_at_peak
 from search.memory import GIB, StageMemory, stage_memory
@@ -144,14 +143,7 @@ def load_profile(path: str | Path) -> HardwareProfile:
     is a one-line :class:`ConfigError` naming the file."""
     path = Path(path)
     source = str(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the hardware profile ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of profile fields at the top level")
+    raw = read_mapping(path, source)
     reserved = sorted({"format", "source", "mtp_standalone_factor"} & set(raw))
     if reserved:
         raise ConfigError(

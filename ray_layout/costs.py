@@ -19,7 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig, read_json_object
+from ray_layout.model import ConfigError, ModelSpec, ParallelConfig, read_mapping
 from ray_layout.sizing import (
     DECODER,
     DENSE_DECODER,
@@ -155,7 +155,7 @@ def costs_from_dict(raw: Mapping[str, Any], *, source: str) -> UnitCosts:
 def load_costs(path: str | Path) -> UnitCosts:
     """Read a COSTS.json file."""
     path = Path(path)
-    return costs_from_dict(read_json_object(path, str(path)), source=str(path))
+    return costs_from_dict(read_mapping(path, str(path)), source=str(path))
 
 
 def costs_to_dict(costs: UnitCosts) -> dict[str, Any]:

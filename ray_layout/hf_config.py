@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ray_layout.model import ConfigError, Recipe, build_recipe, read_json_object
+from ray_layout.model import ConfigError, Recipe, build_recipe, read_mapping
 
 DEFAULT_SEQ_LENGTH = 4096
 _QK_LAYERNORM = frozenset({"deepseek_v2", "deepseek_v3", "olmoe", "qwen3", "qwen3_moe"})
@@ -89,7 +89,7 @@ def _read(
         return raw, _name(raw, str(raw.get("model_type", "model"))), source or "Hugging Face config"
     path = Path(config)
     source = source or str(path)
-    raw = read_json_object(path, source)
+    raw = read_mapping(path, source)
     folder = path.parent.name if path.name == "config.json" else ""
     return raw, _name(raw, folder or path.stem), source
 

@@ -390,16 +390,24 @@ def with_parallel(recipe: Recipe, **overrides: int | None) -> Recipe:
     return Recipe(recipe.model, build_parallel(recipe.model, merged, source="parallel sizes"))
 
 
-def read_json_object(path: Path, source: str) -> dict[str, Any]:
-    """A JSON file's top-level object, or a one-line ConfigError naming ``source``."""
+def read_mapping(path: Path, source: str) -> dict[str, Any]:
+    """A YAML or JSON file's top-level mapping (JSON by the ``.json`` suffix), or a one-line
+    ConfigError naming ``source``."""
+    is_json = path.suffix == ".json"
     try:
-        raw = json.loads(path.read_text())
+        text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{source}: not valid JSON: {exc}") from None
+    try:
+        raw = json.loads(text) if is_json else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        first_line = str(exc).splitlines()[0]
+        raise ConfigError(
+            f"{source}: not valid {'JSON' if is_json else 'YAML'}: {first_line}"
+        ) from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a JSON object at the top level")
+        kind = "a JSON object" if is_json else "a mapping"
+        raise ConfigError(f"{source}: expected {kind} at the top level")
     return raw
 
 
@@ -407,17 +415,7 @@ def load_recipe_file(path: str | Path) -> Recipe:
     """This project's schema: a YAML or JSON mapping of model fields plus a ``parallel`` section."""
     path = Path(path)
     source = str(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
-    try:
-        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first_line = str(exc).splitlines()[0]
-        raise ConfigError(f"{source}: not valid {path.suffix[1:].upper()}: {first_line}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of fields at the top level")
+    raw = read_mapping(path, source)
     parallel = raw.pop("parallel", None) or {}
     if not isinstance(parallel, dict):
         raise ConfigError(f"{source}: 'parallel' must be a mapping")
