@@ -202,10 +202,11 @@ def test_four_ranks_print_megatrons_logs(tmp_path):
         for rank in range(4):
             # sleeps overshoot a little and gloo adds its latency: never much below, a bit above
             expected = MICROBATCHES * stage_forward[rank]
-            # sleeps overshoot on a loaded 2-core machine, never undershoot
-            assert 0.97 * expected < timers["forward-compute", rank] < 1.4 * expected
+            # sleeps never undershoot; on a loaded 2-core machine they overshoot by up to ~1.5x
+            # (seen with a second test run beside this one), while double counting would be 2x
+            assert 0.97 * expected < timers["forward-compute", rank] < 1.8 * expected
             expected = MICROBATCHES * stage_backward[rank]
-            assert 0.97 * expected < timers["backward-compute", rank] < 1.4 * expected
+            assert 0.97 * expected < timers["backward-compute", rank] < 1.8 * expected
             assert ("all-grads-sync", rank) in timers and ("optimizer", rank) in timers
         assert {r for t, r in timers if t == "forward-recv"} == {1, 2, 3}  # waits are real
         assert {r for t, r in timers if t == "backward-recv"} == {0, 1, 2}
@@ -218,7 +219,7 @@ def test_four_ranks_print_megatrons_logs(tmp_path):
         np.full(4, costs.p2p_intra_node_ms),
     )
     step_ms = [r.elapsed_ms for r in parsed.iterations[2:]]
-    assert 0.95 * predicted.step[0] < min(step_ms) and max(step_ms) < 1.6 * predicted.step[0]
+    assert 0.95 * predicted.step[0] < min(step_ms) and max(step_ms) < 2.0 * predicted.step[0]
 
 
 def test_unknown_flag_exits_2_with_one_line():
