@@ -58,11 +58,8 @@ def unit_columns(model: ModelSpec, mtp_apart: bool) -> tuple[str, ...]:
 
 def design_rows(model: ModelSpec, layout: Layout, columns: Sequence[str]) -> np.ndarray:
     """(PP, U): how many of each unit every PP rank holds, over all its chunks."""
-    space = LayoutSpace(model.num_layers, model.mtp_num_layers, layout.pp, layout.vpp,
-                        allow_empty_stages=True, allow_standalone_mtp=True,
-                        require_placement=False)  # fmt: skip
+    space, cuts = LayoutSpace.holding(layout)
     units = [u for u in columns if u != PAIR] + ([MTP, LOSS] if PAIR in columns else [])
-    cuts = _cuts_of(layout, model)
     counts = space.unit_counts(cuts[None], units, model.moe_layer_pattern)[0]
     per_rank = counts.reshape(layout.vpp, layout.pp, len(units)).sum(axis=0)
     if PAIR not in columns:
@@ -70,14 +67,6 @@ def design_rows(model: ModelSpec, layout: Layout, columns: Sequence[str]) -> np.
     m, loss = units.index(MTP), units.index(LOSS)
     pair = np.maximum(per_rank[:, m] / max(model.mtp_num_layers, 1), per_rank[:, loss])
     return np.column_stack([per_rank[:, : len(columns) - 1], pair])
-
-
-def _cuts_of(layout: Layout, model: ModelSpec) -> np.ndarray:
-    """A layout's stage boundaries in items (the MTP block counts as one item)."""
-    bounds = np.cumsum([len(s) for s in layout.stages])[:-1]
-    mtp = model.mtp_num_layers
-    start = layout.flat.find(MTP) if mtp else len(layout.flat)
-    return np.array([b if b <= start else b - mtp + 1 for b in bounds], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -217,10 +206,8 @@ def _memory_calibration(
         plain = replace(base, memory_calibration={})
         cost_model = build_cost_model(model, sized, plain, run.num_microbatches)
         units = cost_model.units
-        space = LayoutSpace(model.num_layers, model.mtp_num_layers, layout.pp, layout.vpp,
-                            allow_empty_stages=True, allow_standalone_mtp=True,
-                            require_placement=False)  # fmt: skip
-        counts = space.unit_counts(_cuts_of(layout, model)[None], units, model.moe_layer_pattern)
+        space, cuts = LayoutSpace.holding(layout)
+        counts = space.unit_counts(cuts[None], units, model.moe_layer_pattern)
         static = _per_rank(counts @ cost_model.static_bytes, layout.pp)[0]
         static += (
             _standalone_rank(counts, cost_model, layout.pp)[0] * cost_model.standalone_copy_bytes

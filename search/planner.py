@@ -230,20 +230,8 @@ def merge(results: list[ShardResult], top: int) -> ShardResult:
 
 def _layout_counts(layout: Layout, model: CostModel) -> tuple[LayoutSpace, np.ndarray, np.ndarray]:
     """(space, cuts, counts) of one given layout, in the search's own representation."""
-    space = LayoutSpace(
-        layout.flat.count("t"),
-        layout.flat.count("m"),
-        layout.pp,
-        layout.vpp,
-        allow_empty_stages=True,
-        allow_standalone_mtp=True,
-        require_placement=False,
-    )
-    bounds = np.cumsum([len(s) for s in layout.stages])[:-1]
-    mtp = space.mtp_num_layers
-    # a stage boundary in symbols -> in items, where the MTP block counts as one item
-    mtp_start = layout.flat.find("m") if mtp else len(layout.flat)
-    items = np.array([[b if b <= mtp_start else b - mtp + 1 for b in bounds]], dtype=np.int64)
+    space, cuts = LayoutSpace.holding(layout)
+    items = cuts[None]
     return space, items, space.unit_counts(items, model.units, model.moe_pattern)
 
 

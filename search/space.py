@@ -72,6 +72,19 @@ class LayoutSpace:
         standalone = stage != self.num_stages - 1
         return valid, standalone
 
+    @classmethod
+    def holding(cls, layout: Layout) -> tuple[LayoutSpace, np.ndarray]:
+        """The widest space that contains ``layout`` (everything megatron-core accepts), and
+        the layout's cut points in it: stage boundaries in items, the MTP block one item."""
+        flat = layout.flat
+        mtp = flat.count(MTP)
+        space = cls(flat.count(DECODER), mtp, layout.pp, layout.vpp, allow_empty_stages=True,
+                    allow_standalone_mtp=True, require_placement=False)  # fmt: skip
+        bounds = np.cumsum([len(s) for s in layout.stages])[:-1]
+        mtp_start = flat.find(MTP) if mtp else len(flat)
+        cuts = [b if b <= mtp_start else b - mtp + 1 for b in bounds]
+        return space, np.array(cuts, dtype=np.int64)
+
     # ---- counting -------------------------------------------------------------------------
 
     def count(self) -> SpaceCount:

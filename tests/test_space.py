@@ -103,3 +103,12 @@ def test_huge_spaces_count_without_enumerating():
 def test_bad_sizes_are_refused():
     with pytest.raises(LayoutError, match="PP and VPP must be >= 1"):
         LayoutSpace(4, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "text", ["Et*5|t*6|t*5|mL", "Et*5|t*6|t*5m|L", "E||t|tmmL", "Ett|tt|tt|ttmL", "Et*4|t*4L"]
+)
+def test_holding_gives_back_the_layout(text):
+    layout = Layout.parse(text, 2)
+    space, cuts = LayoutSpace.holding(layout)
+    assert space.stages_from_cuts(tuple(cuts)) == layout.stages
