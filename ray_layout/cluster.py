@@ -34,6 +34,8 @@ Failure classes (:data:`RETRIED` are retried up to ``max_retries`` times):
 - ``hang``: no Megatron iteration line on any rank for ``heartbeat_s`` (counted from launch).
 - ``timeout``: the run took longer than ``timeout_s``.
 - ``crash``: a rank exited non-zero for any other reason (a bug: not retried).
+- ``early-stop``: the caller's watch (an A/B test) stopped the run; status stopped.
+- ``cancelled``: the driver was interrupted (Ctrl-C, SIGTERM); status cancelled.
 
 A cluster started by hand (``RAY_AUTH_MODE=disabled`` on every command, or ``RAY_AUTH_MODE=token``
 exported for the CLI), here with two simulated 4-GPU workers on one machine; start the workers
@@ -82,12 +84,22 @@ logger = logging.getLogger(__name__)
 
 Device = tuple[str, int]  # (Ray node id, GPU id on that node)
 RankEnv = Callable[[int, int, str, int, list[int]], Mapping[str, str]]
+# Called at every poll with the attempt id and the iteration lines the last rank printed since
+# the previous call; a returned text stops the run early (class "early-stop") with it as reason.
+Watch = Callable[[str, list[str]], str | None]
 
 FINISHED, FAILED, INFEASIBLE, ERROR = "finished", "failed", "infeasible", "error"
+STOPPED, CANCELLED = "stopped", "cancelled"
 RETRIED = frozenset({"node-lost", "killed", "comm", "hang", "timeout"})
 # The runs columns a caller may fill in for the store; the shell sets the others it knows.
 LABEL_COLUMNS = frozenset({"model", "model_hash", "layout", "backend", "hardware", "source"})
-_STATUS_OF = {"oom": INFEASIBLE, "infeasible-placement": INFEASIBLE, "invalid-config": ERROR}
+_STATUS_OF = {
+    "oom": INFEASIBLE,
+    "infeasible-placement": INFEASIBLE,
+    "invalid-config": ERROR,
+    "early-stop": STOPPED,
+    "cancelled": CANCELLED,
+}
 
 _POLL_S = 0.25  # how often the driver asks every rank for its progress
 _RPC_TIMEOUT_S = 30.0  # longest wait for one answer of a live actor
@@ -110,6 +122,7 @@ _MARKS = (
         ),
     ),
 )
+_CANCELLED = "cancelled: the driver was interrupted"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _LOCAL_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -269,6 +282,7 @@ class RankProcess:
         self._lock = threading.Lock()
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._marks: dict[str, str] = {}
+        self._iteration_lines: list[str] = []
         self._started = self._last_beat = 0.0
         self._exited: float | None = None
         self._reader: threading.Thread | None = None
@@ -322,6 +336,11 @@ class RankProcess:
                 tail=tuple(self._tail),
             )
 
+    def iteration_lines(self, start: int) -> list[str]:
+        """Megatron's iteration lines this rank printed, from the ``start``-th on."""
+        with self._lock:
+            return self._iteration_lines[start:]
+
     def stop(self, grace_s: float) -> RankStatus | None:
         """SIGTERM, ``grace_s`` to exit, then SIGKILL; the rank's final status (None if it
         never started)."""
@@ -354,6 +373,7 @@ class RankProcess:
             self._tail.append(line)
             if _ITERATION_LINE.search(line):
                 self._last_beat = time.monotonic()
+                self._iteration_lines.append(line)
             if mark and mark not in self._marks:
                 self._marks[mark] = line
 
@@ -425,17 +445,22 @@ class RunResult:
 
 
 def run_on_cluster(
-    spec: RunSpec, store: CostStore | None = None, rank_env: RankEnv = megatron_rank_env
+    spec: RunSpec,
+    store: CostStore | None = None,
+    rank_env: RankEnv = megatron_rank_env,
+    watch: Watch | None = None,
+    cancel: threading.Event | None = None,
 ) -> RunResult:
     """Run ``spec`` on the connected Ray cluster, retrying infrastructure failures; every
-    attempt becomes a ``runs`` row in ``store``."""
+    attempt becomes a ``runs`` row in ``store``.  ``watch`` sees the iteration lines as they come
+    and may stop the run early; setting ``cancel`` stops it (class "cancelled") within a poll."""
     if not ray.is_initialized():
         raise ConfigError("connect to a Ray cluster first (ray.init(address=...))")
     attempt = 0
     while True:
         attempt += 1
         started = time.time()
-        result = _attempt(_Attempt(spec, attempt), rank_env)
+        result = _attempt(_Attempt(spec, attempt, watch, cancel or threading.Event()), rank_env)
         if store is not None:
             store.write("runs", [_attempt_row(spec, result, started, time.time())], spec.study)
         if result.failure_class not in RETRIED or attempt > spec.max_retries:
@@ -448,14 +473,26 @@ def run_many(
     store: CostStore | None = None,
     rank_env: RankEnv = megatron_rank_env,
     max_parallel: int | None = None,
+    watches: Sequence[Watch | None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[RunResult]:
     """Run specs side by side, each waiting for its placement group until the cluster has room;
-    results in the order of ``specs``."""
+    results in the order of ``specs``.  An interrupt (Ctrl-C) cancels every run, waits until
+    each has released its ranks and placement group, then propagates."""
     if not specs:
         return []
+    cancel = cancel or threading.Event()
+    watches = watches or [None] * len(specs)
     with ThreadPoolExecutor(max_workers=max_parallel or len(specs)) as pool:
-        futures = [pool.submit(run_on_cluster, spec, store, rank_env) for spec in specs]
-        return [future.result() for future in futures]
+        futures = [
+            pool.submit(run_on_cluster, spec, store, rank_env, watch, cancel)
+            for spec, watch in zip(specs, watches, strict=True)
+        ]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            cancel.set()
+            raise
 
 
 def start_local_cluster(
@@ -513,6 +550,8 @@ class _Attempt:
 
     spec: RunSpec
     number: int
+    watch: Watch | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
 
     @property
     def run_id(self) -> str:
@@ -556,9 +595,9 @@ def _attempt(attempt: _Attempt, rank_env: RankEnv) -> RunResult:
     )
     actors: list[Any] = []
     try:
-        try:
-            ray.get(pg.ready(), timeout=spec.placement_timeout_s)
-        except GetTimeoutError:
+        if not _placed(pg, spec.placement_timeout_s, attempt.cancel):
+            if attempt.cancel.is_set():
+                return attempt.result("cancelled", _CANCELLED)
             shape = "+".join(map(str, bundles))
             wait = spec.placement_timeout_s
             error = f"{shape} GPUs on {len(bundles)} nodes not placed within {wait:g} s"
@@ -573,6 +612,20 @@ def _attempt(attempt: _Attempt, rank_env: RankEnv) -> RunResult:
         return attempt.result("node-lost", f"a rank's actor did not answer in {_RPC_TIMEOUT_S:g} s")
     finally:
         _release(actors, pg, spec.stop_grace_s)
+
+
+def _placed(pg: PlacementGroup, timeout_s: float, cancel: threading.Event) -> bool:
+    """Wait for the group to be placed, giving up at the timeout or when cancelled."""
+    ready = pg.ready()
+    deadline = time.monotonic() + timeout_s
+    while not cancel.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        done, _ = ray.wait([ready], timeout=min(left, _POLL_S * 4))
+        if done:
+            return True
+    return False
 
 
 def _release(actors: list[Any], pg: PlacementGroup, grace_s: float) -> None:
@@ -630,11 +683,20 @@ def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) ->
         launches.append(actor.start.remote(spec.command, env, str(log_path)))
     ray.get(launches, timeout=_RPC_TIMEOUT_S)
     failed_at: float | None = None
+    lines_seen = 0
     while True:
-        time.sleep(_POLL_S)
+        attempt.cancel.wait(_POLL_S)
         statuses = ray.get([actor.poll.remote() for actor in ranks], timeout=_RPC_TIMEOUT_S)
         now = time.monotonic()
         codes = [status.returncode for status in statuses]
+        if attempt.watch is not None:
+            lines = ray.get(ranks[-1].iteration_lines.remote(lines_seen), timeout=_RPC_TIMEOUT_S)
+            lines_seen += len(lines)
+            reason = attempt.watch(attempt.run_id, lines)
+            if reason is not None and not all(code == 0 for code in codes):
+                return attempt.result("early-stop", reason, statuses)
+        if attempt.cancel.is_set():
+            return attempt.result("cancelled", _CANCELLED, statuses)
         if all(code == 0 for code in codes):
             return attempt.result(None, None, statuses)
         if any(code not in (None, 0) for code in codes):

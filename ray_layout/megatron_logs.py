@@ -290,6 +290,11 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
     )
 
 
+def parse_iteration_line(raw: str) -> IterationRecord | None:
+    """One iteration line as a live watcher sees it (prefixes allowed), or None."""
+    return _iteration_record(_content(raw))
+
+
 def _content(raw: str) -> str:
     """The line as its writer printed it: launcher, time and logging prefixes taken off."""
     line = _RAY_DEDUP.sub("", raw)

@@ -9,6 +9,7 @@ import random
 import signal
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -474,5 +475,42 @@ def test_run_many_shares_the_cluster_and_keeps_the_order(ray_cluster, tmp_path):
     ends = sorted(end for _, end in spans)
     assert starts[1] < ends[0]  # runs overlapped
     assert starts[3] >= ends[0]  # the fourth waited for a node
+    for spec, result in zip(specs, results, strict=True):
+        assert_cleaned_up(tmp_path, spec, result)
+
+
+def test_a_watch_sees_every_iteration_line_and_can_stop_the_run(ray_cluster, tmp_path):
+    spec = make_spec(tmp_path, "loop", "watched")
+    seen: list[str] = []
+
+    def watch(run_id: str, lines: list[str]) -> str | None:
+        assert run_id == "watched"
+        seen.extend(lines)
+        return "enough: 5 iterations" if len(seen) >= 5 else None
+
+    result = run_on_cluster(spec, watch=watch)
+    assert (result.status, result.failure_class, result.error) == (
+        "stopped",
+        "early-stop",
+        "enough: 5 iterations",
+    )
+    numbers = [int(line.split("iteration")[1].split("/")[0]) for line in seen]
+    assert numbers[:5] == [1, 0, 1, 2, 3]  # in order, none lost between polls
+    assert_cleaned_up(tmp_path, spec, result)
+
+
+def test_cancelling_run_many_stops_running_and_waiting_runs(ray_cluster, tmp_path):
+    # Each rank takes all 4 CPUs of a node: three runs fit, the fourth waits for room.
+    specs = [
+        make_spec(tmp_path, "loop", f"cancel-{i}", parallel=ParallelConfig(), cpus_per_rank=4.0)
+        for i in range(4)
+    ]
+    cancel = threading.Event()
+    timer = threading.Timer(3.0, cancel.set)
+    timer.start()
+    started = time.monotonic()
+    results = run_many(specs, cancel=cancel)
+    assert time.monotonic() - started < 15.0
+    assert {(r.status, r.failure_class) for r in results} == {("cancelled", "cancelled")}
     for spec, result in zip(specs, results, strict=True):
         assert_cleaned_up(tmp_path, spec, result)
