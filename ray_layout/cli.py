@@ -643,7 +643,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> None:
     from pathlib import Path
 
     from launchers.megatron import ProfileSettings
-    from ray_layout.profiling import Backend, profile_layouts_on_cluster
+    from ray_layout.profiling import Backend, LayoutRun, RunOptions, run_layouts
 
     recipe = _recipe_from_args(args)
     backend = Backend(
@@ -659,13 +659,14 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> None:
         microbatches = recipe.parallel.num_microbatches_or_none or 8
         guess = costs_from_flops(recipe.model, recipe.parallel, FLOPS_TFLOPS)
         layouts = list(profile_design(recipe.model, recipe.parallel, microbatches, guess).layouts)
+    options = RunOptions(
+        gpus_per_node=args.gpus_per_node, settings=ProfileSettings(train_iters=args.train_iters),
+        timeout_s=args.timeout_s, heartbeat_s=args.heartbeat_s,
+    )  # fmt: skip
     cluster = _connect_ray(args.ray_address, args.gpus_per_node)
     try:
-        runs = profile_layouts_on_cluster(
-            recipe, layouts, backend, CostStore(args.store), args.study, Path(args.log_dir),
-            args.gpus_per_node, ProfileSettings(train_iters=args.train_iters),
-            timeout_s=args.timeout_s, heartbeat_s=args.heartbeat_s,
-        )  # fmt: skip
+        store, to_run = CostStore(args.store), [LayoutRun(layout) for layout in layouts]
+        runs = run_layouts(recipe, to_run, backend, store, args.study, Path(args.log_dir), options)
     finally:
         _disconnect_ray(cluster)
     rows = [

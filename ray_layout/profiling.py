@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from launchers.megatron import (
@@ -20,7 +21,16 @@ from launchers.megatron import (
     megatron_command,
     rank_environment,
 )
-from ray_layout.cluster import FINISHED, RunResult, RunSpec, run_many
+from ray_layout.cluster import (
+    CANCELLED,
+    FINISHED,
+    STOPPED,
+    RunResult,
+    RunSpec,
+    Watch,
+    attempt_id,
+    run_many,
+)
 from ray_layout.ingest import Ingested, LoggedRun, ingest
 from ray_layout.layout import Layout
 from ray_layout.model import ConfigError, Recipe
@@ -72,71 +82,150 @@ def rank_command(
 
 
 @dataclass(frozen=True)
+class LayoutRun:
+    """One layout to run: ``kind`` names the run ("profile", "ab") in its id and in the store's
+    ``source`` column (``source`` overrides); ``watch`` follows it live (see cluster.Watch)."""
+
+    layout: Layout
+    kind: str = "profile"
+    source: str | None = None
+    watch: Watch | None = None
+
+
+@dataclass(frozen=True)
 class ProfiledRun:
     layout: Layout
     result: RunResult
-    ingested: Ingested | None  # None when the run did not finish
+    ingested: Ingested | None  # None when the run left no log to ingest
+    resumed: bool = False  # the store already held this run's outcome; nothing ran now
 
 
-def profile_layouts_on_cluster(
+@dataclass(frozen=True)
+class RunOptions:
+    """How every run of one batch is watched, retried and placed."""
+
+    gpus_per_node: int
+    settings: ProfileSettings = field(default_factory=ProfileSettings)
+    timeout_s: float = 3600.0
+    heartbeat_s: float = 900.0
+    max_retries: int = 1
+    placement_timeout_s: float = 3600.0
+    max_parallel: int | None = None  # runs at once; None: as many as wait for room together
+    resume: bool = True  # reuse a run the store already holds an outcome of (not cancelled)
+
+
+INGESTED_STATUSES = frozenset({FINISHED, STOPPED})  # runs whose logs hold steady iterations
+
+
+def run_layouts(
     recipe: Recipe,
-    layouts: Sequence[Layout],
+    runs: Sequence[LayoutRun],
     backend: Backend,
     store: CostStore,
     study: str,
     log_dir: Path,
-    gpus_per_node: int,
-    settings: ProfileSettings | None = None,
-    timeout_s: float = 3600.0,
-    heartbeat_s: float = 900.0,
-    max_retries: int = 1,
+    options: RunOptions,
+    cancel: threading.Event | None = None,
 ) -> list[ProfiledRun]:
-    """Run every layout side by side where the cluster has room, then ingest each finished run
-    (its attempts are in the store's ``runs`` table either way)."""
-    settings = settings or ProfileSettings()
-    specs, runs = [], []
-    for layout in layouts:
+    """Run every layout side by side where the cluster has room, then ingest each run that
+    finished or was stopped early (every attempt is in the store's ``runs`` table either way).
+
+    A run's id is a digest of its command, so the same run asked for again (a resumed tune) is
+    found in the store and not run twice."""
+    specs, run_recipes, todo, profiled = [], [], [], {}
+    for index, run in enumerate(runs):
+        layout = run.layout
         run_recipe = replace(recipe, parallel=replace(recipe.parallel, pp=layout.pp,
                                                       vpp=layout.vpp))  # fmt: skip
-        command, env = rank_command(backend, run_recipe, layout, settings)
+        command, env = rank_command(backend, run_recipe, layout, options.settings)
         digest = hashlib.sha256(" ".join(command).encode()).hexdigest()[:12]
-        specs.append(
-            RunSpec(
-                run_id=f"profile-{digest}",
-                study=study,
-                command=command,
-                parallel=run_recipe.parallel,
-                gpus_per_node=gpus_per_node,
-                log_dir=log_dir,
-                env=env,
-                timeout_s=timeout_s,
-                heartbeat_s=heartbeat_s,
-                max_retries=max_retries,
-                labels={
-                    "model": recipe.model.name,
-                    "layout": str(layout),
-                    "backend": backend.name,
-                    "hardware": backend.hardware,
-                },
-            )
+        spec = RunSpec(
+            run_id=f"{run.kind}-{digest}",
+            study=study,
+            command=command,
+            parallel=run_recipe.parallel,
+            gpus_per_node=options.gpus_per_node,
+            log_dir=log_dir,
+            env=env,
+            timeout_s=options.timeout_s,
+            heartbeat_s=options.heartbeat_s,
+            max_retries=options.max_retries,
+            placement_timeout_s=options.placement_timeout_s,
+            labels={
+                "model": recipe.model.name,
+                "layout": str(layout),
+                "backend": backend.name,
+                "hardware": backend.hardware,
+                "source": run.source or run.kind,
+            },
         )
-        runs.append(run_recipe)
+        run_recipes.append(run_recipe)
+        done = stored_outcome(store, spec) if options.resume else None
+        if done is not None:
+            profiled[index] = _ingested(store, study, recipe, layout, run_recipe, done, True)
+            continue
+        specs.append(spec)
+        todo.append(index)
 
     def rank_env(rank: int, world: int, addr: str, port: int, gpus: list[int]) -> dict[str, str]:
         """Megatron's rank environment (CUDA_DEVICE_MAX_CONNECTIONS with TP or CP > 1, ...);
         the cluster then sets the device variables itself. Ranks fill nodes in order,
         ``gpus_per_node`` at a time (``ray_layout.cluster.rank_order``)."""
         return rank_environment(rank, world, addr, port, gpus, recipe.parallel, base={}) | {
-            "RAY_LAYOUT_NODE_RANK": str(rank // gpus_per_node)
+            "RAY_LAYOUT_NODE_RANK": str(rank // options.gpus_per_node)
         }
 
-    results = run_many(specs, store, rank_env)
-    profiled = []
-    for layout, run_recipe, result in zip(layouts, runs, results, strict=True):
-        ingested = None
-        if result.status == FINISHED:
-            last_rank_log = result.log_paths[-1]
-            logged = LoggedRun(layout, last_rank_log, run_recipe.parallel)
-            ingested = ingest(store, recipe.model, [logged], study)[0]
-        profiled.append(ProfiledRun(layout, result, ingested))
-    return profiled
+    watches = [runs[index].watch for index in todo]
+    results = run_many(specs, store, rank_env, options.max_parallel, watches, cancel)
+    for index, result in zip(todo, results, strict=True):
+        layout = runs[index].layout
+        profiled[index] = _ingested(store, study, recipe, layout, run_recipes[index], result)
+    return [profiled[index] for index in range(len(runs))]
+
+
+def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:
+    """The last attempt of this run the store holds, unless there is none or it was cancelled."""
+    rows = store.read("runs", study=spec.study)
+    if rows.empty:
+        return None
+    mine = rows[
+        rows.run_id.isin([attempt_id(spec.run_id, n) for n in range(1, 2 + spec.max_retries)])
+    ]
+    if mine.empty:
+        return None
+    last = mine.sort_values("finished_at").iloc[-1]
+    if last.status == CANCELLED:
+        return None
+    attempt = last.run_id
+    folder = spec.log_dir / attempt
+    world = spec.parallel.world_size
+    return RunResult(
+        run_id=attempt,
+        status=last.status,
+        failure_class=None if last.failure_class is None else str(last.failure_class),
+        returncodes=[None] * world,
+        log_paths=[folder / f"rank-{rank}.log" for rank in range(world)],
+        attempts=1 + (0 if attempt == spec.run_id else int(attempt.rpartition("retry")[2])),
+        error=None if last.error is None else str(last.error),
+    )
+
+
+def _ingested(
+    store: CostStore,
+    study: str,
+    recipe: Recipe,
+    layout: Layout,
+    run_recipe: Recipe,
+    result: RunResult,
+    resumed: bool = False,
+) -> ProfiledRun:
+    """Ingest the last rank's log (Megatron prints the timers there); storing is idempotent."""
+    last_rank_log = result.log_paths[-1]
+    if result.status not in INGESTED_STATUSES:
+        return ProfiledRun(layout, result, None, resumed)
+    if last_rank_log.exists():
+        logged = LoggedRun(layout, last_rank_log, run_recipe.parallel)
+        return ProfiledRun(layout, result, ingest(store, recipe.model, [logged], study)[0], resumed)
+    rows = store.read("runs", study=study, source=str(last_rank_log))  # ingested, log since gone
+    found = None if rows.empty else Ingested(str(rows.run_id.iloc[-1]), False, 0, 0)
+    return ProfiledRun(layout, result, found, resumed)

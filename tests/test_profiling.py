@@ -12,7 +12,7 @@ from ray_layout.fit import fit_costs
 from ray_layout.ingest import observations_from_store
 from ray_layout.layout import Layout
 from ray_layout.model import ConfigError, load_recipe_file, with_parallel
-from ray_layout.profiling import Backend, profile_layouts_on_cluster, rank_command
+from ray_layout.profiling import Backend, LayoutRun, RunOptions, rank_command, run_layouts
 from ray_layout.store import CostStore
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
@@ -43,10 +43,10 @@ def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_pat
     store = CostStore(tmp_path / "store")
     layouts = [Layout.parse("Et*3|t*7|t*6m|L", 4), Layout.parse("Et|t*15|m|L", 4)]
     settings = ProfileSettings(train_iters=6)
-    runs = profile_layouts_on_cluster(
-        recipe, layouts, Backend("emulated", hardware_profile=PROFILE), store, "emu",
-        tmp_path / "logs", gpus_per_node=4, settings=settings, timeout_s=240, heartbeat_s=120,
-    )  # fmt: skip
+    options = RunOptions(gpus_per_node=4, settings=settings, timeout_s=240, heartbeat_s=120)
+    backend = Backend("emulated", hardware_profile=PROFILE)
+    runs = run_layouts(recipe, [LayoutRun(layout) for layout in layouts], backend, store, "emu",
+                       tmp_path / "logs", options)  # fmt: skip
     assert [r.result.status for r in runs] == ["finished", "finished"], [r.result for r in runs]
     assert all(r.ingested and r.ingested.stored for r in runs)
     rows = store.read("runs", study="emu")
@@ -58,6 +58,11 @@ def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_pat
     fitted = fit_costs(recipe.model, recipe.parallel, observations)
     truth = load_profile(PROFILE).costs  # what the emulator slept; the tuner never reads it
     assert fitted.costs.forward_ms["t"] == pytest.approx(truth.forward_ms["t"], rel=0.15)
+    again = run_layouts(recipe, [LayoutRun(layout) for layout in layouts], backend, store, "emu",
+                        tmp_path / "logs", options)  # fmt: skip
+    assert [r.resumed for r in again] == [True, True]  # the store had them: nothing ran again
+    assert [r.ingested.run_id for r in again] == [r.ingested.run_id for r in runs]
+    assert len(store.read("runs", study="emu")) == len(rows)
 
 
 def test_profile_command_refuses_a_megatron_backend_without_a_checkout(capsys):
