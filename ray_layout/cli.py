@@ -607,7 +607,8 @@ def cmd_fit(args: argparse.Namespace, console: Console) -> None:
             microbatches = microbatches_of(parsed, run.parallel, run.num_microbatches)
             observations.append(observation_from_log(str(run.path), parsed, run.layout,
                                                      run.parallel, microbatches))  # fmt: skip
-    result = fit_costs(recipe.model, recipe.parallel, observations)
+    result = fit_costs(recipe.model, recipe.parallel, observations,
+                       gpus_per_node=args.gpus_per_node)  # fmt: skip
     save_costs(result.costs, args.output)
     if args.store:
         record_fit(store, args.study, result, [o.name for o in observations])
@@ -842,6 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="or fit raw log files directly",
     )
     fitter.add_argument("--micro-batches", type=int, help="default: from the log")
+    fitter.add_argument(
+        "--gpus-per-node", type=int, default=8, help="GPUs per node in the runs (which links cross)"
+    )
     fitter.add_argument("-o", "--output", required=True, help="COSTS.json to write")
     fitter.add_argument("--json", action="store_true", help="print JSON")
     fitter.set_defaults(handler=cmd_fit)

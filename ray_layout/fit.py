@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.optimize import nnls
+from scipy.optimize import minimize_scalar, nnls
 
 from ray_layout.costs import UnitCosts, costs_from_flops
 from ray_layout.layout import Layout
@@ -34,6 +34,9 @@ PAIR = "m+L"  # the MTP layers and the loss, fitted as one unit when never measu
 RESIDUAL_WARNING = 0.05
 
 
+STEP_WARMUP = 3  # iterations whose step time carries start-up work (allocator, first batch)
+
+
 @dataclass(frozen=True)
 class RunObservation:
     """One profiling run, reduced to what the fit needs: per steady interval and PP rank."""
@@ -45,6 +48,7 @@ class RunObservation:
     backward_ms: np.ndarray  # (intervals, PP)
     timers: dict[str, np.ndarray] = field(default_factory=dict)  # other timers, (intervals, PP)
     max_allocated_mb: np.ndarray | None = None  # (PP,) peak allocated memory, NaN where unseen
+    step_ms: float | None = None  # mean step time over the steady iterations, when logged
 
 
 def unit_columns(model: ModelSpec, mtp_apart: bool) -> tuple[str, ...]:
@@ -77,6 +81,8 @@ class FitResult:
     backward_ms: dict[str, float]
     residuals: dict[str, list[float]]  # run -> relative error of each rank's fitted compute
     warnings: tuple[str, ...]
+    p2p_latency_ms: float = 0.0  # added to every transfer so that simulated steps match
+    step_errors: dict[str, float] = field(default_factory=dict)  # run -> simulated/measured - 1
 
     @property
     def max_residual(self) -> float:
@@ -99,12 +105,16 @@ def fit_costs(
     parallel: ParallelConfig,
     runs: Sequence[RunObservation],
     base: UnitCosts | None = None,
+    gpus_per_node: int | None = None,
 ) -> FitResult:
     """Unit costs from profiling runs; what the timers cannot say comes from ``base`` (FLOPs by
-    default): the split of m + L, and p2p on links no run crossed."""
+    default): the split of m + L, and p2p on links no run crossed.  ``gpus_per_node`` is the
+    node size the runs had (default: the base's), which says which links crossed nodes."""
     if not runs:
         raise ConfigError("no profiling runs to fit")
     base = base or costs_from_flops(model, parallel)
+    if gpus_per_node is not None:
+        base = replace(base, gpus_per_node=gpus_per_node)
     columns = unit_columns(model, any(run.layout.mtp_standalone for run in runs))
     rows, forward, backward = [], [], []
     for run in runs:
@@ -151,9 +161,60 @@ def fit_costs(
         tp=parallel.tp,
         ep=parallel.ep,
         **_step_tail(model, parallel, runs),
-        **_p2p(runs, base),
+        **_p2p(runs, base, parallel),
     )
-    return FitResult(costs, columns, fitted_f, fitted_b, residuals, tuple(warnings))
+    latency, step_errors = _p2p_latency(model, parallel, costs, runs)
+    costs = replace(
+        costs,
+        p2p_intra_node_ms=costs.p2p_intra_node_ms + latency,
+        p2p_inter_node_ms=costs.p2p_inter_node_ms + latency,
+    )
+    return FitResult(costs, columns, fitted_f, fitted_b, residuals, tuple(warnings), latency,
+                     step_errors)  # fmt: skip
+
+
+def simulated_step_ms(
+    model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, run: RunObservation
+) -> float:
+    """The noise-free step the simulator predicts for a run's layout and micro-batches."""
+    from search.planner import PlanOptions, SearchSpec, score_given
+
+    spec = SearchSpec(num_microbatches=run.num_microbatches)
+    run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
+    options = PlanOptions(samples=1)
+    return score_given(run.layout, model, run_parallel, costs, spec, options).noise_free_ms
+
+
+def _p2p_latency(
+    model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, runs: Sequence[RunObservation]
+) -> tuple[float, dict[str, float]]:
+    """The per-transfer latency (ms, >= 0) that best matches the simulated steps to the measured
+    ones, and each run's remaining error.
+
+    The fastest p2p call the timers saw is the bare transfer; a typical call also pays launch
+    and synchronisation costs that no timer isolates (the emulator's Python and gloo overhead,
+    NCCL's launch latency).  They sit on the critical path once per transfer, so one latency
+    added to both link kinds, fitted on the runs' measured step times (least squares on the
+    relative error), accounts for them."""
+    timed = [run for run in runs if run.step_ms]
+    if not timed:
+        return 0.0, {}
+    measured = np.array([run.step_ms for run in timed])
+
+    def errors(latency: float) -> np.ndarray:
+        shifted = replace(costs, p2p_intra_node_ms=costs.p2p_intra_node_ms + latency,
+                          p2p_inter_node_ms=costs.p2p_inter_node_ms + latency)  # fmt: skip
+        simulated = [simulated_step_ms(model, parallel, shifted, run) for run in timed]
+        return np.array(simulated) / measured - 1.0
+
+    upper = float(measured.max()) / max(run.num_microbatches for run in timed)
+    best = minimize_scalar(lambda x: float(np.sum(errors(x) ** 2)), bounds=(0.0, upper),
+                           method="bounded", options={"xatol": 1e-3})  # fmt: skip
+    latency = float(best.x)
+    if np.sum(errors(0.0) ** 2) <= best.fun:
+        latency = 0.0
+    final = errors(latency)
+    return latency, {run.name: float(e) for run, e in zip(timed, final, strict=True)}
 
 
 def _expand_pair(fitted: dict[str, float], flops: dict[str, float]) -> dict[str, float]:
@@ -253,28 +314,54 @@ def _step_tail(
     return found
 
 
-def _p2p(runs: Sequence[RunObservation], base: UnitCosts) -> dict[str, float]:
-    """The bare transfer time: the fastest per-call time of any p2p timer on any rank (a call
-    whose partner was already waiting), when the runs recorded them."""
+# Which boundary a p2p timer's transfers cross, seen from its rank: the one below it (towards
+# the previous stage), the one above it, or both (the interleaved schedule's combined calls).
+_UPSTREAM = frozenset({"forward-recv", "backward-send", "backward-send-forward-recv"})
+_DOWNSTREAM = frozenset({"forward-send", "backward-recv", "forward-send-backward-recv"})
+
+
+def _p2p(
+    runs: Sequence[RunObservation], base: UnitCosts, parallel: ParallelConfig
+) -> dict[str, float]:
+    """Bare transfer times within and across nodes: per link kind, the fastest per-call time of
+    any p2p timer on any rank whose transfers cross only that kind of boundary (a call whose
+    partner was already waiting).  A kind no run crossed keeps the guess's ratio to the other."""
+    from search.cost_model import inter_node_links
     from search.schedule import P2PCall, rank_ops
 
-    fastest = np.inf
+    fastest = {False: np.inf, True: np.inf}  # by "crosses nodes"
     for run in runs:
-        ops = rank_ops(run.layout.pp, run.layout.vpp, run.num_microbatches)
+        pp = run.layout.pp
+        crossing = inter_node_links(replace(parallel, pp=pp), base.gpus_per_node)
+        ops = rank_ops(pp, run.layout.vpp, run.num_microbatches)
         for rank, rank_list in enumerate(ops):
             calls: dict[str, int] = {}
             for op in rank_list:
                 if isinstance(op, P2PCall) and op.name in P2P_TIMER_OF_CALL:
                     calls[P2P_TIMER_OF_CALL[op.name]] = calls.get(P2P_TIMER_OF_CALL[op.name], 0) + 1
             for timer, count in calls.items():
-                if timer in run.timers:
-                    fastest = min(fastest, float(run.timers[timer][:, rank].min()) / count)
-    if not np.isfinite(fastest):
+                if timer not in run.timers:
+                    continue
+                below, above = bool(crossing[(rank - 1) % pp]), bool(crossing[rank])
+                links = (
+                    {below}
+                    if timer in _UPSTREAM
+                    else {above}
+                    if timer in _DOWNSTREAM
+                    else {below, above}
+                )
+                per_call = float(run.timers[timer][:, rank].min()) / count
+                kind = True in links
+                fastest[kind] = min(fastest[kind], per_call)
+    intra, inter = fastest[False], fastest[True]
+    if not np.isfinite(intra) and not np.isfinite(inter):
         return {}
-    # which link kind the runs crossed is not known here; both take the measured time unless
-    # the guess says inter-node links are slower, in which case the ratio is kept
-    ratio = base.p2p_inter_node_ms / max(base.p2p_intra_node_ms, 1e-12)
-    return {"p2p_intra_node_ms": fastest, "p2p_inter_node_ms": fastest * max(ratio, 1.0)}
+    ratio = max(base.p2p_inter_node_ms / max(base.p2p_intra_node_ms, 1e-12), 1.0)
+    if not np.isfinite(inter):
+        inter = intra * ratio
+    elif not np.isfinite(intra):
+        intra = inter / ratio
+    return {"p2p_intra_node_ms": intra, "p2p_inter_node_ms": max(inter, intra)}
 
 
 def observation_from_log(
@@ -286,9 +373,9 @@ def observation_from_log(
     warmup_intervals: int = 2,
 ) -> RunObservation:
     """A run's timers per steady interval and PP rank, from a parsed log."""
-    return observation_from_records(
-        name, parsed.timers, parsed.memory, layout, parallel, num_microbatches, warmup_intervals
-    )
+    steps = [record.elapsed_ms for record in parsed.iterations]
+    return observation_from_records(name, parsed.timers, parsed.memory, layout, parallel,
+                                    num_microbatches, warmup_intervals, steps)  # fmt: skip
 
 
 def observation_from_records(
@@ -299,8 +386,10 @@ def observation_from_records(
     parallel: ParallelConfig,
     num_microbatches: int,
     warmup_intervals: int = 2,
+    steps_ms: Sequence[float] = (),
 ) -> RunObservation:
-    """A run's timers per steady interval and PP rank, TP/CP/DP peers averaged.
+    """A run's timers per steady interval and PP rank, TP/CP/DP peers averaged, and its mean
+    step time without the first ``STEP_WARMUP`` iterations (``steps_ms`` in iteration order).
 
     Megatron's global rank order is tp-cp-ep-dp-pp with PP outermost, so PP rank = rank //
     (world / PP).  The first two logged intervals are dropped: Megatron does not reset the
@@ -357,6 +446,7 @@ def observation_from_records(
         backward_ms=timers.pop("backward-compute", np.zeros((len(steady), layout.pp))),
         timers=timers,
         max_allocated_mb=memory,
+        step_ms=float(np.mean(steps_ms[STEP_WARMUP:])) if len(steps_ms) > STEP_WARMUP else None,
     )
 
 

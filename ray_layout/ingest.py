@@ -133,6 +133,7 @@ def observations_from_store(
         raise ConfigError(f"{store.root}: no finished runs of {model.name} in {where}; ingest some")
     timers = store.read_run_data("timers", study=study)
     memory = store.read_run_data("memory", study=study)
+    iterations = store.read_run_data("iterations", study=study)
     runs = runs[runs.run_id.isin(set(timers.run_id))]  # cluster attempt rows carry no timers
     if runs.empty:
         raise ConfigError(f"{store.root}: the finished runs of {model.name} have no timers")
@@ -156,9 +157,11 @@ def observations_from_store(
         ]  # fmt: skip
         layout = Layout.parse(run.layout, int(run.pp))
         microbatches = int(run.num_microbatches)
-        observations.append(
-            observation_from_records(run.run_id, records, peaks, layout, sizes, microbatches)
+        steps = iterations[iterations.run_id == run.run_id].sort_values("iteration").elapsed_ms
+        observation = observation_from_records(
+            run.run_id, records, peaks, layout, sizes, microbatches, steps_ms=steps.tolist()
         )
+        observations.append(observation)
     return observations
 
 

@@ -58,24 +58,28 @@ def in_flight_at_peak(pp: int, vpp: int, num_microbatches: int, group_size: int 
     return counts
 
 
-def p2p_links(costs: UnitCosts, parallel: ParallelConfig) -> np.ndarray:
-    """(PP,) one transfer over the boundary after rank r (the last wraps to rank 0).
+def inter_node_links(parallel: ParallelConfig, gpus_per_node: int) -> np.ndarray:
+    """(PP,) whether the boundary after PP rank r (the last wraps to rank 0) crosses nodes.
 
     Global ranks run tp-cp-ep-dp-pp with PP outermost, so stage r holds ranks
-    ``r*k .. r*k + k - 1`` (k = world / PP) and a boundary is fast only if every pair of peers
-    on it shares a node.
+    ``r*k .. r*k + k - 1`` (k = world / PP) and a boundary is within a node only if every pair
+    of peers on it shares one.
     """
     per_stage = parallel.world_size // parallel.pp
-    node = costs.gpus_per_node
-    links = np.empty(parallel.pp)
+    crossing = np.empty(parallel.pp, dtype=bool)
     for rank in range(parallel.pp):
         peer = (rank + 1) % parallel.pp
-        same_node = all(
-            (rank * per_stage + j) // node == (peer * per_stage + j) // node
+        crossing[rank] = any(
+            (rank * per_stage + j) // gpus_per_node != (peer * per_stage + j) // gpus_per_node
             for j in range(per_stage)
         )
-        links[rank] = costs.p2p_intra_node_ms if same_node else costs.p2p_inter_node_ms
-    return links
+    return crossing
+
+
+def p2p_links(costs: UnitCosts, parallel: ParallelConfig) -> np.ndarray:
+    """(PP,) one transfer over the boundary after rank r (the last wraps to rank 0)."""
+    crossing = inter_node_links(parallel, costs.gpus_per_node)
+    return np.where(crossing, costs.p2p_inter_node_ms, costs.p2p_intra_node_ms)
 
 
 def build_cost_model(
