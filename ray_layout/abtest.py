@@ -16,7 +16,7 @@ a noisy iteration decides.  So instead:
 - **Batch means**: consecutive step times are autocorrelated (a slow node stays slow for a while),
   so a t interval on single steps is far too narrow.  Averaging non-overlapping batches of
   ``batch_size`` steps gives nearly independent, nearly normal values; the tests run on those.
-- **Looks on a doubling schedule**: decisions happen only after ``looks[k]`` batches (2, 4, 8 by
+- **Looks on a doubling schedule**: decisions happen only after ``looks[k]`` batches (3, 6, 12 by
   default, the successive-halving spacing), never at every step; the last look is the budget.
 - **Alpha split across looks (Bonferroni)**: each look tests at ``alpha / len(looks)``, so the
   chance of ever stopping an arm that is not worse stays below ``alpha`` however often we look.
@@ -27,7 +27,9 @@ a noisy iteration decides.  So instead:
   over ``blowup`` times the best arm's median: no test is needed for a 3x slowdown.
 - **Ties broken by memory headroom**: at the budget, arms within the margin of the fastest are
   tied, and the one with the most HBM headroom wins: it leaves room for a longer sequence, a
-  larger micro-batch or less recomputation, and is less likely to OOM on a bad batch.
+  larger micro-batch or less recomputation, and is less likely to OOM on a bad batch.  An arm
+  shown tied with the best at a look (two one-sided tests at the look's level) that has less
+  headroom than the best stops there: the tie-break could not go its way.
 
 Every decision carries its statistic, p-value and a readable reason, and :func:`decision_rows`
 turns decisions into rows of the cost store's ``decisions`` table; :func:`replay` re-judges
@@ -192,18 +194,15 @@ def arm_stats(values: np.ndarray, config: ABConfig) -> ArmStats:
     return ArmStats(used.size, int(means.size), mean, median, low, high)
 
 
-def worse_by_margin(
-    arm_values: np.ndarray, best_values: np.ndarray, config: ABConfig
+def _greater_than_scaled(
+    arm_values: np.ndarray, best_values: np.ndarray, scale: float, batch_size: int
 ) -> tuple[float, float]:
-    """One-sided Welch test on batch means of H0: mean_arm <= (1 + margin) mean_best against
-    H1: mean_arm > (1 + margin) mean_best.  Returns (t, p); (nan, nan) without 2 whole batches
-    on each side or with non-finite steps.  Deterministic data (no variance on either side)
-    gives t = +inf, -inf or 0 and p = 0, 1 or 0.5: the sign of the difference decides."""
-    arm = batch_means(arm_values, config.batch_size)
-    best = batch_means(best_values, config.batch_size)
+    """One-sided Welch test on batch means of H0: mean_arm <= scale x mean_best against
+    H1: mean_arm > scale x mean_best: (t, p), (nan, nan) without 2 whole finite batches each."""
+    arm = batch_means(arm_values, batch_size)
+    best = batch_means(best_values, batch_size)
     if arm.size < 2 or best.size < 2 or not (np.isfinite(arm).all() and np.isfinite(best).all()):
         return math.nan, math.nan
-    scale = 1.0 + config.margin
     # A constant side keeps its exact value: np.mean may be an ulp off and fake a difference.
     arm_varies, best_varies = bool(np.ptp(arm) > 0), bool(np.ptp(best) > 0)
     arm_mean = float(arm.mean()) if arm_varies else float(arm[0])
@@ -221,6 +220,32 @@ def worse_by_margin(
     dof = se2**2 / denominator if denominator > 0 else float(arm.size + best.size - 2)
     statistic = diff / math.sqrt(se2)
     return float(statistic), float(special.stdtr(dof, -statistic))  # Student t survival
+
+
+def worse_by_margin(
+    arm_values: np.ndarray, best_values: np.ndarray, config: ABConfig
+) -> tuple[float, float]:
+    """One-sided Welch test on batch means of H0: mean_arm <= (1 + margin) mean_best against
+    H1: mean_arm > (1 + margin) mean_best.  Returns (t, p); (nan, nan) without 2 whole batches
+    on each side or with non-finite steps.  Deterministic data (no variance on either side)
+    gives t = +inf, -inf or 0 and p = 0, 1 or 0.5: the sign of the difference decides."""
+    return _greater_than_scaled(arm_values, best_values, 1.0 + config.margin, config.batch_size)
+
+
+def tied_within_margin(
+    arm_values: np.ndarray, best_values: np.ndarray, config: ABConfig
+) -> tuple[float, float]:
+    """Two one-sided tests (TOST) of equivalence: H1 is (1 - margin) mean_best < mean_arm <
+    (1 + margin) mean_best.  Returns (the t nearer to its bound, p = the larger one-sided p);
+    (nan, nan) as :func:`worse_by_margin`."""
+    t_low, p_low = _greater_than_scaled(arm_values, best_values, 1.0 - config.margin,
+                                        config.batch_size)  # fmt: skip
+    t_high, p_above = _greater_than_scaled(arm_values, best_values, 1.0 + config.margin,
+                                           config.batch_size)  # fmt: skip
+    if math.isnan(p_low) or math.isnan(p_above):
+        return math.nan, math.nan
+    p_high = 1.0 - p_above  # H1: mean_arm < (1 + margin) mean_best
+    return (t_low, p_low) if p_low >= p_high else (-t_high, p_high)
 
 
 def blowup_reason(values: np.ndarray, best_median_ms: float, config: ABConfig) -> str | None:
@@ -297,7 +322,9 @@ def decide_look(
     truncated to exactly that many (so neither how far an arm ran past the look nor wall-clock
     timing changes the outcome), and every not-stopped arm with a failure, which stops.  The
     arm with the lowest mean continues; each other stops on a blow-up or when it is worse than
-    the best by more than the margin at level ``alpha_per_look``, and continues otherwise.
+    the best by more than the margin at level ``alpha_per_look``, or when it is tied with the best
+    within the margin at that level (two one-sided tests) with less memory headroom, since the
+    final tie-break could only give the best the win; it continues otherwise.
     """
     needed = config.look_iterations(look)
     _check_arms(traces)
@@ -341,6 +368,9 @@ def decide_look(
             elif p_value < config.alpha_per_look:
                 action = STOP
                 reason = f"{versus} (p={p_value:.2g} < {config.alpha_per_look:.3g})"
+            elif (tie := _cannot_win_tie(trace, values, best, best_values, config)) is not None:
+                action, reason = STOP, tie[0]
+                statistic, p_value = tie[1], tie[2]
             else:
                 action = CONTINUE
                 reason = (f"{versus}, not beyond the {_margin(config)} margin yet "
@@ -348,6 +378,31 @@ def decide_look(
             decided[trace.arm] = Decision(trace.arm, trace.layout, look, action, reason,
                                           statistic, p_value, best.arm, needed, mean)  # fmt: skip
     return [decided[trace.arm] for trace in traces if trace.arm in decided]
+
+
+def _known(headroom: float | None) -> bool:
+    return headroom is not None and math.isfinite(headroom)
+
+
+def _cannot_win_tie(
+    trace: ArmTrace, values: np.ndarray, best: ArmTrace, best_values: np.ndarray,
+    config: ABConfig,
+) -> tuple[str, float, float] | None:  # fmt: skip
+    """(reason, t, p) when the arm is tied with the best within the margin, with confidence, and
+    has less memory headroom: the final tie-break would give the best the win, so running on
+    cannot change the outcome."""
+    if not (_known(trace.headroom_gib) and _known(best.headroom_gib)):
+        return None
+    if trace.headroom_gib >= best.headroom_gib:
+        return None
+    statistic, p_value = tied_within_margin(values, best_values, config)
+    if not p_value < config.alpha_per_look:
+        return None
+    ratio = float(values.mean()) / float(best_values.mean())
+    reason = (f"tied with {_name(best)} within {_margin(config)} ({_percent(ratio)}, "
+              f"p={p_value:.2g} < {config.alpha_per_look:.3g}) with less memory headroom "
+              f"({_gib(trace)} vs {_gib(best)}): it cannot win the tie-break")  # fmt: skip
+    return reason, statistic, p_value
 
 
 def final_decisions(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -126,12 +126,14 @@ def run_layouts(
     log_dir: Path,
     options: RunOptions,
     cancel: threading.Event | None = None,
+    on_resumed: Callable[[int, ProfiledRun], None] = lambda index, run: None,
 ) -> list[ProfiledRun]:
     """Run every layout side by side where the cluster has room, then ingest each run that
     finished or was stopped early (every attempt is in the store's ``runs`` table either way).
 
     A run's id is a digest of its command, so the same run asked for again (a resumed tune) is
-    found in the store and not run twice."""
+    found in the store and not run twice: ``on_resumed`` hears of each such run (by its index
+    in ``runs``) before any new run starts."""
     specs, run_recipes, todo, profiled = [], [], [], {}
     for index, run in enumerate(runs):
         layout = run.layout
@@ -175,6 +177,8 @@ def run_layouts(
             "RAY_LAYOUT_NODE_RANK": str(rank // options.gpus_per_node)
         }
 
+    for index, resumed in sorted(profiled.items()):
+        on_resumed(index, resumed)
     watches = [runs[index].watch for index in todo]
     results = run_many(specs, store, rank_env, options.max_parallel, watches, cancel)
     for index, result in zip(todo, results, strict=True):

@@ -28,6 +28,7 @@ from ray_layout.abtest import (
     gpu_seconds,
     replay,
     steady_steps,
+    tied_within_margin,
     winner,
     worse_by_margin,
 )
@@ -429,3 +430,143 @@ def test_decision_rows_fit_the_store_and_ids_are_deterministic():
     assert all(row["created_at"] == 1234.5 and row["study"] == "study-1" for row in rows)
     assert len({row["decision_id"] for row in rows}) == len(rows)
     assert rows == decision_rows(replay(traces, CONFIG), "study-1", {"a": "run-a"}, "ab7", 1234.5)
+
+
+# --- equivalence (TOST) and the tie-stop at a look ---------------------------------------------
+
+
+def tost_by_hand(arm, best, config):
+    """TOST on batch means with scipy's t: (t nearer its bound, larger one-sided p)."""
+    a = batch_means(np.asarray(arm), config.batch_size)
+    b = batch_means(np.asarray(best), config.batch_size)
+
+    def welch(scale):
+        va, vb = a.var(ddof=1) / a.size, scale**2 * b.var(ddof=1) / b.size
+        dof = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+        return (a.mean() - scale * b.mean()) / math.sqrt(va + vb), dof
+
+    t_low, dof_low = welch(1 - config.margin)
+    t_high, dof_high = welch(1 + config.margin)
+    p_low, p_high = stats.t.sf(t_low, dof_low), stats.t.cdf(t_high, dof_high)
+    return (t_low, p_low) if p_low >= p_high else (-t_high, p_high)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "cv", "tied"),
+    [(1.005, 0.002, True), (1.015, 0.05, False), (1.05, 0.002, False), (0.95, 0.002, False),
+     (0.995, 0.002, True)],
+)  # fmt: skip
+def test_tied_within_margin_matches_a_tost_by_hand(ratio, cv, tied):
+    best = np.asarray(steady(40, 100.0, seed=1, cv=cv)[CONFIG.warmup_iterations :])
+    arm = np.asarray(steady(40, 100.0 * ratio, seed=2, cv=cv)[CONFIG.warmup_iterations :])
+    statistic, p_value = tied_within_margin(arm, best, CONFIG)
+    expected_t, expected_p = tost_by_hand(arm, best, CONFIG)
+    assert statistic == pytest.approx(expected_t, rel=1e-9)
+    # abtest takes the upper p as 1 - sf: exact to about 1e-16 absolute, not relative
+    assert p_value == pytest.approx(expected_p, rel=1e-9, abs=1e-15)
+    if tied:
+        assert p_value < 1e-6 and statistic > 0
+    else:
+        assert p_value > 0.2
+
+
+def test_tied_within_margin_is_symmetric_enough_and_needs_two_batches():
+    a = np.asarray(steady(40, 100.0, seed=3, cv=0.002)[CONFIG.warmup_iterations :])
+    b = np.asarray(steady(40, 100.4, seed=4, cv=0.002)[CONFIG.warmup_iterations :])
+    assert tied_within_margin(a, b, CONFIG)[1] < 1e-6
+    assert tied_within_margin(b, a, CONFIG)[1] < 1e-6  # either way round
+    far = a * 1.06
+    assert (
+        tied_within_margin(far, a, CONFIG)[1] > 0.5 and tied_within_margin(a, far, CONFIG)[1] > 0.5
+    )
+    # identical data is tied (any positive margin), never with margin 0
+    assert tied_within_margin(a, a, CONFIG)[1] < 1e-6
+    assert tied_within_margin(a, a, replace(CONFIG, margin=0.0))[1] >= 0.5
+    short = a[: CONFIG.batch_size * 2 - 1]
+    assert all(math.isnan(x) for x in tied_within_margin(short, a, CONFIG))
+    constant = np.full(10, 100.0)
+    assert tied_within_margin(constant, constant, CONFIG) == (math.inf, 0.0)
+
+
+def tie_traces(best_headroom, other_headroom, ratio=1.003, cv=0.002):
+    return [ArmTrace("best", BEST, steady(20, 100.0, seed=1, cv=cv), headroom_gib=best_headroom),
+            ArmTrace("other", "x", steady(20, 100.0 * ratio, seed=2, cv=cv),
+                     headroom_gib=other_headroom)]  # fmt: skip
+
+
+def test_tied_arm_with_less_headroom_stops_at_a_look():
+    traces = tie_traces(10.0, 4.0)
+    decisions = by_arm(decide_look(traces, 1, CONFIG))
+    assert decisions["best"].action == "continue"
+    other = decisions["other"]
+    assert (other.action, other.reference, other.look) == ("stop", "best", 1)
+    assert "cannot win the tie-break" in other.reason and "4.0 GiB vs 10.0 GiB" in other.reason
+    values = np.asarray(traces[1].steps_ms[CONFIG.warmup_iterations :])
+    best = np.asarray(traces[0].steps_ms[CONFIG.warmup_iterations :])
+    assert (other.statistic, other.p_value) == tied_within_margin(values, best, CONFIG)
+    assert other.p_value < CONFIG.alpha_per_look
+
+
+@pytest.mark.parametrize(
+    ("best_headroom", "other_headroom"),
+    [(4.0, 10.0), (10.0, 10.0), (None, 4.0), (10.0, None), (None, None), (math.nan, 1.0),
+     (10.0, math.nan)],
+)  # fmt: skip
+def test_tied_arm_continues_unless_it_surely_has_less_headroom(best_headroom, other_headroom):
+    decisions = by_arm(decide_look(tie_traces(best_headroom, other_headroom), 1, CONFIG))
+    assert decisions["other"].action == "continue"
+    assert "margin" in decisions["other"].reason
+
+
+def test_untied_arm_with_less_headroom_continues():
+    # 1.5% slower with big noise: neither worse nor shown tied, so it runs on
+    decisions = by_arm(decide_look(tie_traces(10.0, 4.0, ratio=1.015, cv=0.05), 1, CONFIG))
+    assert decisions["other"].action == "continue"
+
+
+def test_replay_stops_only_tied_arms_with_less_headroom_than_the_best_and_crowns_the_roomiest():
+    means = {"a": 100.0, "b": 100.3, "c": 100.5, "d": 100.2, "e": 100.4}
+    headroom = {"a": 5.0, "b": 10.0, "c": 3.0, "d": 4.0, "e": 12.0}
+    traces = [ArmTrace(name, f"L-{name}", steady(40, mean, seed=i, cv=0.0005),
+                       headroom_gib=headroom[name])
+              for i, (name, mean) in enumerate(means.items())]  # fmt: skip
+    decisions = replay(traces, CONFIG)
+    stops = {d.arm: d for d in decisions if d.action == "stop"}
+    for d in stops.values():
+        assert "cannot win the tie-break" in d.reason
+        best = next(e for e in decisions if e.look == d.look and e.reference is None
+                    and e.action == "continue")  # fmt: skip
+        assert headroom[d.arm] < headroom[best.arm] and d.reference == best.arm
+    assert set(stops) == {"c", "d"} and {d.look for d in stops.values()} == {0}
+    assert winner(decisions).arm == "e" and "headroom" in winner(decisions).reason
+    final = by_arm(d for d in decisions if d.look == len(CONFIG.looks))
+    assert {arm: d.action for arm, d in final.items()} == {"a": "lose", "b": "lose", "e": "win"}
+
+
+def test_equal_arms_with_equal_headroom_are_never_tie_stopped():
+    rng = np.random.default_rng(11)
+    runs = ar1_steps(rng, 150, 3, CONFIG.max_iterations, 100.0, cv=0.01)
+    stops = 0
+    for run in runs:
+        decisions = replay(traces_of(run, headroom_gib=8.0), CONFIG)
+        assert not any("tie-break" in d.reason for d in decisions)
+        stops += any(d.action == "stop" for d in decisions)
+        assert winner(decisions) is not None
+    assert stops / len(runs) <= 0.1  # equal arms: rarely any stop at all
+
+
+def test_an_arm_on_the_margin_is_wrongly_tie_stopped_at_most_alpha_of_the_time():
+    # 2% slower is on the bound: not shown tied, so a tie-stop here is a type I error of the TOST
+    rng = np.random.default_rng(12)
+    n = CONFIG.max_iterations
+    runs = (
+        100.0
+        * np.array([1.0, 1.0 + CONFIG.margin])[None, :, None]
+        * (1 + 0.01 * rng.standard_normal((300, 2, n)))
+    )
+    tie_stops = 0
+    for run in runs:
+        traces = [replace(t, headroom_gib=h) for t, h in zip(traces_of(run), (10.0, 2.0),
+                                                             strict=True)]  # fmt: skip
+        tie_stops += any("tie-break" in d.reason for d in replay(traces, CONFIG))
+    assert tie_stops / len(runs) <= CONFIG.alpha + 0.02

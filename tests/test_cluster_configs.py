@@ -11,7 +11,7 @@ import pytest
 import ray
 import yaml
 
-from ray_layout.cli import build_parser
+from ray_layout.tune import build_parser as tune_parser
 
 CONFIGS = Path("cluster_configs")
 RAY_SCHEMA = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
@@ -50,5 +50,6 @@ def test_kuberay_cluster_and_job():
     assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
     assert worker_gpus(job["spec"]["rayClusterSpec"]) == [8]
     entrypoint = shlex.split(job["spec"]["entrypoint"])
-    assert entrypoint[:3] == ["python", "-m", "ray_layout"]
-    build_parser().parse_args(entrypoint[3:])  # the job runs a command this project has
+    assert entrypoint[:3] == ["python", "-m", "ray_layout.tune"]
+    args = tune_parser().parse_args(entrypoint[3:])  # the job runs a command this project has
+    assert (args.backend, args.pp) == ("megatron", 4)
