@@ -41,9 +41,9 @@ from ray_layout.cli import (
     _recipe_from_args,
     check_interleaving,
 )
-from ray_layout.cluster import FINISHED, STOPPED
+from ray_layout.cluster import FINISHED, STOPPED, Watch
 from ray_layout.costs import UnitCosts, costs_from_flops
-from ray_layout.fit import FitResult, fit_costs, profile_design
+from ray_layout.fit import STEP_WARMUP, FitResult, fit_costs, profile_design
 from ray_layout.ingest import observations_from_store, record_fit
 from ray_layout.layout import Layout, LayoutError
 from ray_layout.live_ab import (
@@ -96,14 +96,6 @@ class Phases:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.seconds: dict[str, float] = {}
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
 
     @contextmanager
     def phase(self, name: str, what: str) -> Iterator[None]:
@@ -118,9 +110,40 @@ class Phases:
         self.console.print(f"  {text}", highlight=False, markup=False)
 
     @contextmanager
-    def bars(self) -> Iterator[Progress]:
-        with self._progress:
-            yield self._progress
+    def bars(self) -> Iterator[Bars]:
+        live = self.console.is_terminal
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())  # fmt: skip
+        with Progress(*columns, console=self.console, disable=not live) as progress:
+            yield Bars(progress, None if live else self)
+
+
+class Bars:
+    """Progress of several runs: bars on a terminal, else a line every ``LOG_EVERY`` steps."""
+
+    LOG_EVERY = 10
+
+    def __init__(self, progress: Progress, log: Phases | None) -> None:
+        self._progress, self._log = progress, log
+        self._lock = threading.Lock()
+        self._logged: dict[int, int] = {}
+
+    def add(self, description: str, total: int) -> int:
+        return self._progress.add_task(description, total=total)
+
+    def update(self, task: int, completed: int, note: str = "") -> None:
+        """Called from run threads as iterations come in."""
+        self._progress.update(task, completed=completed)
+        if self._log is None:
+            return
+        with self._lock:
+            last = self._logged.get(task, 0)
+            total = int(self._progress.tasks[task].total or 0)
+            due = completed // self.LOG_EVERY > last // self.LOG_EVERY or completed >= total
+            if (due and completed > last) or note:
+                self._logged[task] = completed
+                name = self._progress.tasks[task].description
+                self._log.say(f"{name}: iteration {completed}/{total} {note}".rstrip())
 
 
 def study_id(recipe: Recipe, backend: Backend) -> str:
@@ -132,9 +155,14 @@ def study_id(recipe: Recipe, backend: Backend) -> str:
     )
 
 
-def _run_watch(progress: Progress, task: int) -> object:
+def _run_watch(bars: Bars, task: int) -> Watch:
+    seen = 0
+
     def see(attempt: str, lines: list[str]) -> None:
-        progress.advance(task, len(lines))
+        nonlocal seen
+        seen += len(lines)
+        if lines:
+            bars.update(task, seen)
 
     return see
 
@@ -163,22 +191,15 @@ def profile(
         timeout_s=settings.timeout_s,
         heartbeat_s=settings.heartbeat_s,
     )
-    with phases.bars() as progress:
-        tasks = [
-            progress.add_task(f"profile {layout}", total=settings.profile_iters)
-            for layout in design.layouts
-        ]
+    with phases.bars() as bars:
+        tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
         runs = [
-            LayoutRun(layout, watch=_run_watch(progress, task))
+            LayoutRun(layout, watch=_run_watch(bars, task))
             for layout, task in zip(design.layouts, tasks, strict=True)
         ]
 
         def resumed(index: int, run: ProfiledRun) -> None:
-            progress.update(
-                tasks[index],
-                completed=settings.profile_iters,
-                description=f"profile {run.layout} (stored)",
-            )
+            bars.update(tasks[index], settings.profile_iters, "(from the store)")
 
         done = run_layouts(
             recipe,
@@ -289,17 +310,11 @@ def ab_test(
         placement_timeout_s=settings.timeout_s * (1 + len(arms)),
         max_parallel=at_once,
     )
-    with phases.bars() as progress:
-        tasks = {
-            arm.name: progress.add_task(f"{arm.name} {arm.layout}", total=config.max_iterations)
-            for arm in arms
-        }
-        test = LiveTest(
-            arms,
-            config,
-            settings.hbm_gib,
-            lambda arm, steps: progress.update(tasks[arm], completed=steps),
-        )
+    with phases.bars() as bars:
+        tasks = {arm.name: bars.add(f"{arm.name} {arm.layout}", config.max_iterations)
+                 for arm in arms}  # fmt: skip
+        test = LiveTest(arms, config, settings.hbm_gib,
+                        lambda arm, steps: bars.update(tasks[arm], steps))  # fmt: skip
         runs = arm_runs(test, key)
 
         def resumed(index: int, run: ProfiledRun) -> None:
@@ -308,11 +323,7 @@ def ab_test(
             failure = None if run.result.status in (FINISHED, STOPPED) else run.result.failure_class
             stopped = run.result.error if run.result.status == STOPPED else None
             test.preload(arm.name, steps, failure or None, stopped)
-            progress.update(
-                tasks[arm.name],
-                completed=len(steps),
-                description=f"{arm.name} {arm.layout} (stored)",
-            )
+            bars.update(tasks[arm.name], len(steps), "(from the store)")
 
         try:
             done = run_layouts(
@@ -342,6 +353,11 @@ def ab_test(
     run_ids = {r.arm.name: r.run.ingested.run_id for r in results if r.run and r.run.ingested}
     write_decisions(store, settings.study, key, decisions, run_ids)
     results = [replace(r, trace=test.trace(r.arm.name)) for r in results]
+    fate = {d.arm: d for d in decisions}  # in the order made: the last one stands
+    for r in results:
+        verdict = fate.get(r.arm.name)
+        said = f"{verdict.action}: {verdict.reason}" if verdict else "no decision"
+        phases.say(f"{r.arm.name} {r.arm.layout}: {len(r.trace.steps_ms)} iterations, {said}")
     return results, decisions, key
 
 
@@ -710,9 +726,15 @@ def _settings(args: argparse.Namespace, recipe: Recipe, gpus_per_node: int) -> T
         alpha=args.ab_alpha,
         margin=args.ab_margin,
     )
-    for flag, value in (("--ab-top", args.ab_top), ("--profile-iters", args.profile_iters)):
-        if value < 0 or (flag == "--profile-iters" and value < 4):
-            raise ConfigError(f"{flag} is too small: {value}")
+    if args.ab_top < 0:
+        raise ConfigError(f"--ab-top must be >= 0, got {args.ab_top}")
+    if args.profile_iters < STEP_WARMUP + 2:
+        raise ConfigError(f"--profile-iters must be >= {STEP_WARMUP + 2}: the fit drops the "
+                          f"first {STEP_WARMUP}, got {args.profile_iters}")  # fmt: skip
+    for flag in ("nodes", "gpus_per_node"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
     if args.hbm_gb is not None and args.hbm_gb <= 0:
         raise ConfigError(f"--hbm-gb must be positive, got {args.hbm_gb}")
     study = args.study or study_id(recipe, backend)
@@ -783,8 +805,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         recipe = _recipe_from_args(args)
         _check_recipe(recipe)
+        settings = _settings(args, recipe, args.gpus_per_node or 0)  # checked before any cluster
         with ray_cluster(args.ray_address, args.nodes, args.gpus_per_node) as gpus_per_node:
-            settings = _settings(args, recipe, gpus_per_node)
+            settings = replace(settings, gpus_per_node=gpus_per_node)
             summary = run_tune(recipe, settings, args.config, console, cancel)
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)
