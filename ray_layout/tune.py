@@ -765,9 +765,12 @@ def _check_recipe(recipe: Recipe) -> None:
 
 
 @contextmanager
-def ray_cluster(address: str | None, nodes: int, gpus_per_node: int | None) -> Iterator[int]:
-    """Join ``address`` (or $RAY_ADDRESS), else start an embedded local cluster of ``nodes``
-    simulated GPU nodes; yields the GPUs per node a run may take; always disconnects."""
+def ray_cluster(
+    address: str | None, nodes: int, gpus_per_node: int | None
+) -> Iterator[tuple[int, str]]:
+    """Join ``address`` (or $RAY_ADDRESS, as in a Ray job), else start an embedded local cluster
+    of ``nodes`` simulated GPU nodes; yields the GPUs per node a run may take and a line saying
+    which; always disconnects."""
     import ray
 
     from ray_layout.cluster import start_local_cluster
@@ -782,11 +785,13 @@ def ray_cluster(address: str | None, nodes: int, gpus_per_node: int | None) -> I
             ray.shutdown()
             raise ConfigError(f"the Ray cluster at {address} has no GPUs")
         gpus_per_node = gpus_per_node or found
+        where = f"joined {address}: {sum(per_node)} GPUs on {len(per_node)} nodes"
     else:
         gpus_per_node = gpus_per_node or 4
         cluster = start_local_cluster(nodes=nodes, gpus_per_node=gpus_per_node)
+        where = f"started an embedded local cluster: {nodes} nodes x {gpus_per_node} GPUs"
     try:
-        yield gpus_per_node
+        yield gpus_per_node, where
     finally:
         ray.shutdown()
         if cluster is not None:
@@ -806,8 +811,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         recipe = _recipe_from_args(args)
         _check_recipe(recipe)
         settings = _settings(args, recipe, args.gpus_per_node or 0)  # checked before any cluster
-        with ray_cluster(args.ray_address, args.nodes, args.gpus_per_node) as gpus_per_node:
-            settings = replace(settings, gpus_per_node=gpus_per_node)
+        with ray_cluster(args.ray_address, args.nodes, args.gpus_per_node) as (per_node, where):
+            console.print(f"[bold]cluster[/bold]: {where}", highlight=False)
+            settings = replace(settings, gpus_per_node=per_node)
             summary = run_tune(recipe, settings, args.config, console, cancel)
     except (ConfigError, LayoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,245 @@
+"""The tune driver: its pure choices, its one-line errors, and whole tunes on the simulated
+cluster (emulated Megatron): in process and resumed, killed mid-run and resumed, interrupted."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ray_layout.abtest import ABConfig
+from ray_layout.costs import load_costs
+from ray_layout.layout import Layout
+from ray_layout.loading import load_recipe
+from ray_layout.model import with_parallel
+from ray_layout.profiling import Backend
+from ray_layout.store import CostStore
+from ray_layout.tune import TuneSettings, choose_arms, main, paste_flags, run_tune, study_id
+from search.planner import PlanOptions, SearchSpec, plan
+from tests.conftest import GPUS_PER_NODE, NODES
+
+CONFIG = "configs/handbook_7b_a1b.yaml"
+HARDWARE = Path("cluster_configs/hardware/h200_emulated.yaml")
+HANDBOOK = load_recipe(CONFIG)
+# PP=2 x DP=2 (EP=2) on 4 GPUs, 8 micro-batches: small and quick on the emulated cluster
+SMALL = with_parallel(HANDBOOK, pp=2, global_batch_size=32)
+SMALL_FLAGS = ["--pp", "2", "--global-batch-size", "32", "--profile-iters", "6",
+               "--ab-top", "2", "--ab-warmup", "2", "--ab-batch", "3", "--ab-looks", "2,4",
+               "--hardware", str(HARDWARE), "--hbm-gb", "131", "--timeout-s", "240",
+               "--heartbeat-s", "120"]  # fmt: skip
+
+
+def small_settings(tmp_path: Path, study: str) -> TuneSettings:
+    return TuneSettings(
+        backend=Backend("emulated", hardware_profile=HARDWARE),
+        store=tmp_path / "store",
+        study=study,
+        log_dir=tmp_path / "logs",
+        report_dir=tmp_path / "report",
+        gpus_per_node=GPUS_PER_NODE,
+        ab=ABConfig(warmup_iterations=2, batch_size=3, looks=(2, 4)),
+        ab_top=2,
+        profile_iters=6,
+        hbm_gib=131.0,
+        timeout_s=240.0,
+        heartbeat_s=120.0,
+    )
+
+
+def quiet() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=160), out
+
+
+# --- pure choices ------------------------------------------------------------------------------
+
+
+def test_choose_arms_takes_the_top_fitting_layouts_then_both_baselines_once():
+    recipe = with_parallel(HANDBOOK, pp=4)
+    costs = load_costs("configs/costs/handbook_h200_example.json")
+    found = plan(recipe.model, recipe.parallel, costs, SearchSpec(num_microbatches=32),
+                 PlanOptions(top=10, hbm_gib=131))  # fmt: skip
+    arms = choose_arms(found, 3)
+    assert [a.name for a in arms] == ["candidate-1", "candidate-2", "candidate-3", "default",
+                                      "count-based"]  # fmt: skip
+    assert str(arms[0].layout) == "Et*5|t*6|t*5|mL"  # the hand-checked pick (docs/search.md)
+    assert str(arms[3].layout) == "Et*4|t*4|t*4|t*4mL" and arms[3].role == "Megatron default"
+    assert arms[0].predicted_ms == found.candidates[0].mean_ms
+    # a baseline the search ranks among the top is one arm, under its candidate name
+    everything = choose_arms(found, 10)
+    layouts = [str(a.layout) for a in everything]
+    assert len(layouts) == len(set(layouts))
+
+
+def test_paste_flags_carry_the_layout_and_its_vpp():
+    assert paste_flags(Layout.parse("Et*5|t*6|t*5|mL", 4)) == (
+        "--pipeline-model-parallel-size", "4",
+        "--pipeline-model-parallel-layout", "Et*5|t*6|t*5|mL",
+    )  # fmt: skip
+    interleaved = Layout.parse("Et*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2mL", 4)
+    assert interleaved.vpp == 2 and paste_flags(interleaved)[1] == "4"
+
+
+def test_study_id_is_stable_and_changes_with_what_changes_the_measurements():
+    emulated = Backend("emulated", hardware_profile=HARDWARE)
+    assert study_id(SMALL, emulated) == study_id(SMALL, emulated)
+    assert study_id(SMALL, emulated).startswith("handbook_7b_a1b-pp2-")
+    other_hardware = Backend(
+        "emulated", hardware_profile=Path("cluster_configs/hardware/a100_emulated.yaml")
+    )
+    assert study_id(SMALL, emulated) != study_id(SMALL, other_hardware)
+    assert study_id(SMALL, emulated) != study_id(with_parallel(SMALL, dp=4), emulated)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--ab-looks", "3,x"], "--ab-looks must be integers"),
+        (["--ab-looks", "6,3"], "looks must be strictly increasing"),
+        (["--hardware", "nowhere.yaml"], "--hardware nowhere.yaml: no such file"),
+        (["--backend", "megatron"], "needs --megatron-path"),
+        (["--profile-iters", "2"], "--profile-iters must be >= 5"),
+        (["--ab-top", "-1"], "--ab-top must be >= 0"),
+        (["--hbm-gb", "0"], "--hbm-gb must be positive"),
+        (["--global-batch-size", "30"], "global_batch_size 30 not divisible"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_input_is_one_line_and_starts_no_cluster(flags, message, capsys):
+    import ray
+
+    connected = ray.is_initialized()
+    try:
+        code = main([CONFIG, "--pp", "4", *flags])
+    except SystemExit as exit_:  # argparse's usage errors
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert ray.is_initialized() == connected  # nothing was started or joined
+
+
+# --- whole tunes on the simulated cluster ------------------------------------------------------
+
+
+def attempts(store: CostStore, study: str):
+    runs = store.read("runs", study=study)
+    return runs[runs.backend == "emulated"]
+
+
+def cluster_is_clean(timeout_s: float = 30.0) -> bool:
+    """Every placement group removed and every GPU free again."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        groups = ray.util.placement_group_table().values()
+        free = ray.available_resources().get("GPU", 0)
+        if all(g["state"] == "REMOVED" for g in groups) and free == NODES * GPUS_PER_NODE:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_a_whole_tune_then_the_same_tune_again_from_the_store(ray_cluster, tmp_path):
+    settings = small_settings(tmp_path, "whole")
+    console, out = quiet()
+    summary = run_tune(SMALL, settings, CONFIG, console, threading.Event())
+
+    store = CostStore(settings.store)
+    runs = attempts(store, "whole")
+    assert (runs.source == "profile").sum() == 2 and set(runs.status) <= {"finished", "stopped"}
+    arms = [a for a in summary.arms if a.status != "not run"]
+    assert len(arms) == len(runs) - 2 >= 3
+    decisions = store.read("decisions", study="whole")
+    assert (decisions.action == "win").sum() == 1
+    assert summary.pick_source == "A/B test"
+    won = next(a for a in summary.arms if a.status == "won")
+    assert won.layout == summary.pick and summary.flags == paste_flags(Layout.parse(won.layout, 2))
+    for arm in arms:  # the fit's predictions hold on this (loaded, 2-core) machine
+        assert arm.measured_ms == pytest.approx(arm.predicted_ms, rel=0.15), arm
+    assert summary.gpu_seconds_spent <= summary.gpu_seconds_full
+    assert len(store.read("fits", study="whole")) == 2  # the fit, and the refit with the A/B
+    assert (settings.report_dir / "report.md").read_text().count(summary.pick) >= 2
+    assert (settings.report_dir / "report.html").is_file()
+    assert cluster_is_clean()
+
+    console, out = quiet()
+    again = run_tune(SMALL, settings, CONFIG, console, threading.Event())
+    assert len(attempts(store, "whole")) == len(runs)  # nothing ran twice
+    assert again.pick == summary.pick
+    assert out.getvalue().count("(from the store)") >= 2
+
+
+def tune_process(tmp_path: Path, study: str, address: str) -> subprocess.Popen[str]:
+    places = ["--store", str(tmp_path / "store"), "--log-dir", str(tmp_path / "logs"),
+              "--report-dir", str(tmp_path / "report")]  # fmt: skip
+    command = [sys.executable, "-m", "ray_layout.tune", CONFIG, *SMALL_FLAGS,
+               "--ray-address", address, "--study", study, *places]  # fmt: skip
+    env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)  # fmt: skip
+
+
+def read_until(process: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+
+    def pump() -> None:
+        for line in process.stdout:
+            seen.append(line)
+            if marker in line:
+                return
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    reader.join(max(0.0, deadline - time.monotonic()))
+    text = "".join(seen)
+    assert marker in text, f"no {marker!r} in time:\n{text}"
+    return text
+
+
+def test_a_killed_driver_leaves_no_run_and_the_tune_resumes(ray_cluster, tmp_path):
+    process = tune_process(tmp_path, "killed", ray_cluster.address)
+    try:
+        read_until(process, "A/B:", 240)
+        time.sleep(4.0)  # arms are running
+    finally:
+        process.kill()
+        process.wait()
+    assert cluster_is_clean(), "the killed driver's runs outlived it"
+    store = CostStore(tmp_path / "store")
+    profiled = attempts(store, "killed")
+    assert (profiled.source == "profile").sum() == 2
+
+    console, out = quiet()
+    settings = small_settings(tmp_path, "killed")
+    summary = run_tune(SMALL, settings, CONFIG, console, threading.Event())
+    assert (attempts(store, "killed").source == "profile").sum() == 2  # not profiled again
+    assert out.getvalue().count("(from the store)") >= 2
+    assert summary.pick_source == "A/B test"
+
+
+def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
+    process = tune_process(tmp_path, "interrupted", ray_cluster.address)
+    try:
+        read_until(process, "profile:", 120)
+        time.sleep(6.0)  # profiling runs are placed and running
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output
+    assert "interrupted: every run was stopped" in output and "Traceback" not in output
+    assert cluster_is_clean(10.0)
+    runs = attempts(CostStore(tmp_path / "store"), "interrupted")
+    assert set(runs.status) == {"cancelled"}
