@@ -313,6 +313,24 @@ def _percent(ratio: float) -> str:
     return f"{abs(ratio - 1.0) * 100:.1f}% {'slower' if ratio >= 1.0 else 'faster'}"
 
 
+def _failures_stop(
+    traces: Sequence[ArmTrace], look: int, config: ABConfig, stopped: Collection[str]
+) -> tuple[dict[str, Decision], list[tuple[ArmTrace, np.ndarray]]]:
+    """Of the arms not yet stopped: a stop for each that failed, and the others' steady steps."""
+    _check_arms(traces)
+    decided: dict[str, Decision] = {}
+    running: list[tuple[ArmTrace, np.ndarray]] = []
+    for trace in traces:
+        if trace.arm in stopped:
+            continue
+        reason = failure_reason(trace, config)
+        if reason is None:
+            running.append((trace, steady_steps(trace, config)))
+        else:
+            decided[trace.arm] = _failure_decision(trace, look, reason, config)
+    return decided, running
+
+
 def decide_look(
     traces: Sequence[ArmTrace], look: int, config: ABConfig, stopped: Collection[str] = ()
 ) -> list[Decision]:
@@ -327,19 +345,8 @@ def decide_look(
     final tie-break could only give the best the win; it continues otherwise.
     """
     needed = config.look_iterations(look)
-    _check_arms(traces)
-    decided: dict[str, Decision] = {}
-    healthy: list[tuple[ArmTrace, np.ndarray]] = []
-    for trace in traces:
-        if trace.arm in stopped:
-            continue
-        reason = failure_reason(trace, config)
-        if reason is not None:
-            decided[trace.arm] = _failure_decision(trace, look, reason, config)
-            continue
-        values = steady_steps(trace, config)
-        if values.size >= needed:
-            healthy.append((trace, values[:needed]))
+    decided, running = _failures_stop(traces, look, config, stopped)
+    healthy = [(trace, values[:needed]) for trace, values in running if values.size >= needed]
 
     if len(healthy) < 2:
         for trace, values in healthy:
@@ -418,18 +425,10 @@ def final_decisions(
     """
     look = len(config.looks)
     budget = config.look_iterations(look - 1)
-    _check_arms(traces)
-    decided: dict[str, Decision] = {}
+    decided, running = _failures_stop(traces, look, config, stopped)
     qualified: list[tuple[ArmTrace, ArmStats, np.ndarray]] = []
-    for trace in traces:
-        if trace.arm in stopped:
-            continue
-        reason = failure_reason(trace, config)
-        if reason is not None:
-            decided[trace.arm] = _failure_decision(trace, look, reason, config)
-            continue
-        values = steady_steps(trace, config)[:budget]
-        summary = arm_stats(values, config)
+    for trace, values in running:
+        summary = arm_stats(values[:budget], config)
         if summary.batches >= 2:
             qualified.append((trace, summary, values[: summary.n]))
     if not qualified:

@@ -644,6 +644,7 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> None:
     from pathlib import Path
 
     from launchers.megatron import ProfileSettings
+    from ray_layout.cluster import connected
     from ray_layout.profiling import Backend, LayoutRun, RunOptions, run_layouts
 
     recipe = _recipe_from_args(args)
@@ -664,12 +665,10 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> None:
         gpus_per_node=args.gpus_per_node, settings=ProfileSettings(train_iters=args.train_iters),
         timeout_s=args.timeout_s, heartbeat_s=args.heartbeat_s,
     )  # fmt: skip
-    cluster = _connect_ray(args.ray_address, args.gpus_per_node)
-    try:
+    with connected(args.ray_address, 3, args.gpus_per_node) as (gpus_per_node, _):
+        options = replace(options, gpus_per_node=gpus_per_node)
         store, to_run = CostStore(args.store), [LayoutRun(layout) for layout in layouts]
         runs = run_layouts(recipe, to_run, backend, store, args.study, Path(args.log_dir), options)
-    finally:
-        _disconnect_ray(cluster)
     rows = [
         {"layout": str(run.layout), "status": run.result.status,
          "failure_class": run.result.failure_class, "error": run.result.error,
@@ -687,26 +686,6 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> None:
         console.print(f"next: {fit} -o costs.json", highlight=False, markup=False)
     if any(row["status"] != "finished" for row in rows):
         raise SystemExit(1)
-
-
-def _connect_ray(address: str | None, gpus_per_node: int):
-    """Join a running cluster, or simulate a 3-node one of ``gpus_per_node`` fake GPUs each."""
-    import ray
-
-    from ray_layout.cluster import start_local_cluster
-
-    if address:
-        ray.init(address=address, logging_level="ERROR")
-        return None
-    return start_local_cluster(nodes=3, gpus_per_node=gpus_per_node)
-
-
-def _disconnect_ray(cluster) -> None:
-    import ray
-
-    ray.shutdown()
-    if cluster is not None:
-        cluster.shutdown()
 
 
 def _add_search_flags(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,8 @@ A thin imperative shell around pure helpers.  Pure: :func:`rank_order` (which pl
 which global rank), :func:`check_placement`, :func:`megatron_coordinates`, :func:`device_env` and
 :func:`classify_exit` (why a run failed).  Shell: :func:`run_on_cluster` places one run, starts
 one rank process per GPU, watches it and cleans up on every path; :func:`run_many` runs several
-side by side; :func:`start_local_cluster` simulates a multi-node GPU cluster on one machine.
+side by side; :func:`start_local_cluster` simulates a multi-node GPU cluster on one machine;
+:func:`connected` joins a running cluster, or starts such a local one, for one command.
 
 How a run is placed (``/work/shared/docs/ray.md``): one placement group with one bundle per
 node (``{"GPU": g, "CPU": c}``, STRICT_SPREAD; one bundle per GPU with STRICT_SPREAD can never be
@@ -65,8 +66,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -526,6 +528,36 @@ def start_local_cluster(
     cluster.wait_for_nodes()
     cluster.connect()
     return cluster
+
+
+@contextmanager
+def connected(
+    address: str | None, nodes: int, gpus_per_node: int | None
+) -> Iterator[tuple[int, str]]:
+    """Join ``address`` (or $RAY_ADDRESS, as in a Ray job), else start an embedded local cluster
+    of ``nodes`` simulated GPU nodes; yields the GPUs per node a run may take and a line saying
+    which; always disconnects."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    cluster = None
+    if address:
+        ray.init(address=address, logging_level="ERROR")
+        per_node = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
+        found = max(per_node, default=0)
+        if found == 0:
+            ray.shutdown()
+            raise ConfigError(f"the Ray cluster at {address} has no GPUs")
+        gpus_per_node = gpus_per_node or found
+        where = f"joined {address}: {sum(per_node)} GPUs on {len(per_node)} nodes"
+    else:
+        gpus_per_node = gpus_per_node or 4
+        cluster = start_local_cluster(nodes=nodes, gpus_per_node=gpus_per_node)
+        where = f"started an embedded local cluster: {nodes} nodes x {gpus_per_node} GPUs"
+    try:
+        yield gpus_per_node, where
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
 
 
 def _attempt_row(

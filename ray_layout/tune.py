@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import shutil
 import signal
 import sys
@@ -41,7 +40,7 @@ from ray_layout.cli import (
     _recipe_from_args,
     check_interleaving,
 )
-from ray_layout.cluster import FINISHED, STOPPED, Watch
+from ray_layout.cluster import FINISHED, STOPPED, Watch, connected
 from ray_layout.costs import UnitCosts, costs_from_flops
 from ray_layout.fit import STEP_WARMUP, FitResult, fit_costs, profile_design
 from ray_layout.ingest import observations_from_store, record_fit
@@ -764,40 +763,6 @@ def _check_recipe(recipe: Recipe) -> None:
     check_interleaving(parallel.pp, parallel.vpp)
 
 
-@contextmanager
-def ray_cluster(
-    address: str | None, nodes: int, gpus_per_node: int | None
-) -> Iterator[tuple[int, str]]:
-    """Join ``address`` (or $RAY_ADDRESS, as in a Ray job), else start an embedded local cluster
-    of ``nodes`` simulated GPU nodes; yields the GPUs per node a run may take and a line saying
-    which; always disconnects."""
-    import ray
-
-    from ray_layout.cluster import start_local_cluster
-
-    address = address or os.environ.get("RAY_ADDRESS")
-    cluster = None
-    if address:
-        ray.init(address=address, logging_level="ERROR")
-        per_node = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
-        found = max(per_node, default=0)
-        if found == 0:
-            ray.shutdown()
-            raise ConfigError(f"the Ray cluster at {address} has no GPUs")
-        gpus_per_node = gpus_per_node or found
-        where = f"joined {address}: {sum(per_node)} GPUs on {len(per_node)} nodes"
-    else:
-        gpus_per_node = gpus_per_node or 4
-        cluster = start_local_cluster(nodes=nodes, gpus_per_node=gpus_per_node)
-        where = f"started an embedded local cluster: {nodes} nodes x {gpus_per_node} GPUs"
-    try:
-        yield gpus_per_node, where
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console(width=max(shutil.get_terminal_size().columns, 120))
@@ -811,7 +776,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         recipe = _recipe_from_args(args)
         _check_recipe(recipe)
         settings = _settings(args, recipe, args.gpus_per_node or 0)  # checked before any cluster
-        with ray_cluster(args.ray_address, args.nodes, args.gpus_per_node) as (per_node, where):
+        with connected(args.ray_address, args.nodes, args.gpus_per_node) as (per_node, where):
             console.print(f"[bold]cluster[/bold]: {where}", highlight=False)
             settings = replace(settings, gpus_per_node=per_node)
             summary = run_tune(recipe, settings, args.config, console, cancel)
