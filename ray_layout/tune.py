@@ -61,11 +61,13 @@ from ray_layout.report import ArmOutcome, TuneSummary, print_summary, write_repo
 from ray_layout.sizing import parameter_count
 from ray_layout.store import CostStore
 from search.planner import Plan, PlanOptions, SearchSpec, plan, score_given, simulate_given
+from search.space import LayoutSpace
 
 EXIT_INTERRUPTED = 130
 DEFAULT_HARDWARE = "cluster_configs/hardware/h200_emulated.yaml"
 ROLES = {"default": "Megatron default", "count-based": "count-based rule"}
-SHARD_ABOVE = 200_000  # layouts; smaller spaces search faster in one process
+PHASES = ("size", "profile", "fit", "search", "A/B", "refit", "report")
+SHARD_ABOVE, MAX_SHARDS = 200_000, 8  # layouts a process searches alone; Ray tasks at most
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ class Phases:
 
     @contextmanager
     def phase(self, name: str, what: str) -> Iterator[None]:
-        self.console.print(f"[bold]{name}[/bold]: {what}", highlight=False)
+        step = f"[{PHASES.index(name) + 1}/{len(PHASES)}]"
+        self.console.print(f"{step} [bold]{name}[/bold]: {what}", highlight=False)
         started = time.monotonic()
         try:
             yield
@@ -244,11 +247,18 @@ def fit(
 
 
 def search(
-    recipe: Recipe, costs: UnitCosts, settings: TuneSettings
+    recipe: Recipe, costs: UnitCosts, settings: TuneSettings, cpus: int = 1
 ) -> tuple[Plan, SearchSpec, PlanOptions]:
+    """Every layout, simulated; spaces over ``SHARD_ABOVE`` layouts are split over up to
+    ``cpus`` Ray tasks (the same top as one process, tested in tests/test_planner.py)."""
+    model, parallel = recipe.model, recipe.parallel
+    space = LayoutSpace(model.num_layers, model.mtp_num_layers, parallel.pp, parallel.vpp,
+                        allow_standalone_mtp=settings.allow_standalone_mtp)  # fmt: skip
+    shards = min(MAX_SHARDS, cpus) if space.count().total > SHARD_ABOVE else 1
     spec = SearchSpec(
-        num_microbatches=recipe.parallel.num_microbatches_or_none,
+        num_microbatches=parallel.num_microbatches_or_none,
         allow_standalone_mtp=settings.allow_standalone_mtp,
+        shards=max(shards, 1),
     )
     options = PlanOptions(
         top=max(10, settings.ab_top),
@@ -358,6 +368,12 @@ def ab_test(
         said = f"{verdict.action}: {verdict.reason}" if verdict else "no decision"
         phases.say(f"{r.arm.name} {r.arm.layout}: {len(r.trace.steps_ms)} iterations, {said}")
     return results, decisions, key
+
+
+def _cluster_cpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else 1
 
 
 def _cluster_gpus() -> int:
@@ -490,10 +506,11 @@ def run_tune(
             phases.say(f"warning: {warning}")
     with phases.phase("search", "simulate every layout Megatron accepts"):
         started = time.monotonic()
-        found, spec, options = search(recipe, costs, settings)
+        found, spec, options = search(recipe, costs, settings, _cluster_cpus())
         search_s = time.monotonic() - started
+        where = f" on {spec.shards} Ray tasks" if spec.shards > 1 else ""
         phases.say(
-            f"{found.scored:,} layouts simulated ({found.method}) in {search_s:.1f} s; "
+            f"{found.scored:,} layouts simulated ({found.method}){where} in {search_s:.1f} s; "
             f"best {found.candidates[0].layout} at {found.candidates[0].mean_ms:,.1f} ms"
         )
     arms = choose_arms(found, settings.ab_top)

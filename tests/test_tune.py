@@ -243,3 +243,20 @@ def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
     assert cluster_is_clean(10.0)
     runs = attempts(CostStore(tmp_path / "store"), "interrupted")
     assert set(runs.status) == {"cancelled"}
+
+
+def test_a_large_space_is_searched_on_ray_tasks_with_the_same_top(
+    ray_cluster, tmp_path, monkeypatch
+):
+    import ray_layout.tune as tune
+
+    recipe = with_parallel(HANDBOOK, pp=4)
+    costs = load_costs("configs/costs/handbook_h200_example.json")
+    settings = small_settings(tmp_path, "search")
+    alone, spec, _ = tune.search(recipe, costs, settings, cpus=4)
+    assert spec.shards == 1  # 680 layouts: one process
+    monkeypatch.setattr(tune, "SHARD_ABOVE", 100)
+    sharded, spec, _ = tune.search(recipe, costs, settings, cpus=4)
+    assert spec.shards == 4
+    assert [c.layout for c in sharded.candidates] == [c.layout for c in alone.candidates]
+    assert sharded.scored == alone.scored
