@@ -314,20 +314,16 @@ def _step_tail(
     return found
 
 
-# Which boundary a p2p timer's transfers cross, seen from its rank: the one below it (towards
-# the previous stage), the one above it, or both (the interleaved schedule's combined calls).
-_UPSTREAM = frozenset({"forward-recv", "backward-send", "backward-send-forward-recv"})
-_DOWNSTREAM = frozenset({"forward-send", "backward-recv", "forward-send-backward-recv"})
-
-
 def _p2p(
     runs: Sequence[RunObservation], base: UnitCosts, parallel: ParallelConfig
 ) -> dict[str, float]:
     """Bare transfer times within and across nodes: per link kind, the fastest per-call time of
-    any p2p timer on any rank whose transfers cross only that kind of boundary (a call whose
-    partner was already waiting).  A kind no run crossed keeps the guess's ratio to the other."""
+    any p2p timer on any rank all of whose calls cross only that kind of boundary (a call whose
+    partner was already waiting).  A timer whose calls mix kinds (the interleaved schedule's
+    combined calls, with one direction off in some) says nothing about either.  A kind no run
+    crossed keeps the guess's ratio to the other."""
     from search.cost_model import inter_node_links
-    from search.schedule import P2PCall, rank_ops
+    from search.schedule import RECV_NEXT, SEND_NEXT, P2PCall, rank_ops
 
     fastest = {False: np.inf, True: np.inf}  # by "crosses nodes"
     for run in runs:
@@ -335,24 +331,18 @@ def _p2p(
         crossing = inter_node_links(replace(parallel, pp=pp), base.gpus_per_node)
         ops = rank_ops(pp, run.layout.vpp, run.num_microbatches)
         for rank, rank_list in enumerate(ops):
-            calls: dict[str, int] = {}
+            below, above = bool(crossing[(rank - 1) % pp]), bool(crossing[rank])
+            calls: dict[str, list[bool]] = {}  # timer -> whether each of its calls crosses
             for op in rank_list:
                 if isinstance(op, P2PCall) and op.name in P2P_TIMER_OF_CALL:
-                    calls[P2P_TIMER_OF_CALL[op.name]] = calls.get(P2P_TIMER_OF_CALL[op.name], 0) + 1
-            for timer, count in calls.items():
-                if timer not in run.timers:
+                    crosses = any(above if t in (SEND_NEXT, RECV_NEXT) else below
+                                  for t in op.transfers)  # fmt: skip
+                    calls.setdefault(P2P_TIMER_OF_CALL[op.name], []).append(crosses)
+            for timer, kinds in calls.items():
+                if timer not in run.timers or len(set(kinds)) > 1:
                     continue
-                below, above = bool(crossing[(rank - 1) % pp]), bool(crossing[rank])
-                links = (
-                    {below}
-                    if timer in _UPSTREAM
-                    else {above}
-                    if timer in _DOWNSTREAM
-                    else {below, above}
-                )
-                per_call = float(run.timers[timer][:, rank].min()) / count
-                kind = True in links
-                fastest[kind] = min(fastest[kind], per_call)
+                per_call = float(run.timers[timer][:, rank].min()) / len(kinds)
+                fastest[kinds[0]] = min(fastest[kinds[0]], per_call)
     intra, inter = fastest[False], fastest[True]
     if not np.isfinite(intra) and not np.isfinite(inter):
         return {}

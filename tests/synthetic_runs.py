@@ -35,10 +35,17 @@ def synthetic_log(
     iterations: int = 6,
     noise_cv: float = 0.0,
     seed: int = 0,
+    extra_p2p_ms: float = 0.0,
 ) -> str:
     """The text of a Megatron run with ``--timing-log-level 2 --timing-log-option all
     --log-interval 1``: an iteration line, memory lines (first two) and a timer block each
-    iteration; the first block shows Megatron's first-interval quirk (it is not reset)."""
+    iteration; the first block shows Megatron's first-interval quirk (it is not reset).
+
+    ``extra_p2p_ms``: a per-transfer latency that only the printed step time pays.  The
+    iteration is simulated a second time (same noise) with it added to every link; the timers
+    stay those of the bare transfers, which is what the fit reads them as (its fastest call),
+    while the step carries the latency on every transfer of the critical path, as a real one
+    carries launch and synchronisation costs that no timer isolates."""
     run = replace(parallel, pp=layout.pp, vpp=layout.vpp)
     program = compile_schedule(run.pp, run.vpp, num_microbatches)
     cost_model = build_cost_model(model, run, costs, num_microbatches)
@@ -60,6 +67,10 @@ def synthetic_log(
         noise = np.exp(sigma * rng.standard_normal((program.num_compute, 1)) - sigma**2 / 2)
         times = simulate(program, forward.T, backward.T, cost_model.p2p_ms, tail[:, None],
                          noise=noise, keep_events=True)  # fmt: skip
+        step = float(times.step[0])
+        if extra_p2p_ms:
+            step = float(simulate(program, forward.T, backward.T, cost_model.p2p_ms + extra_p2p_ms,
+                                  tail[:, None], noise=noise).step[0])  # fmt: skip
         per_rank: dict[str, np.ndarray] = {}
         for op_id, op in enumerate(program.ops):
             if isinstance(op, Compute):
@@ -75,7 +86,7 @@ def synthetic_log(
         shown = {k: v + carried.get(k, 0) for k, v in per_rank.items()}
         carried = per_rank if iteration == 1 else {}
         lines.append(iteration_line(
-            iteration, iterations, iteration * batch, float(times.step[0]), batch,
+            iteration, iterations, iteration * batch, step, batch,
             {"lm loss": 10.0 - 0.01 * iteration}))  # fmt: skip
         if iteration <= 2:
             for stage in range(run.pp):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -134,3 +136,166 @@ def test_memory_calibration_comes_back_from_max_allocated():
         assert result.costs.memory_calibration[unit] == pytest.approx(
             truth.memory_calibration[unit], rel=0.02
         )
+
+
+# --- p2p within and across nodes, and the per-transfer latency -------------------------------
+
+# Layouts that keep MTP beside the loss: the simulator multiplies an MTP-standalone layout's step
+# by ``mtp_standalone_factor`` (1.12), which the synthetic logs do not print, so the step-time
+# checks use layouts the factor does not touch.
+KEPT = ("Ett|t*6|t*8|mL", "E|t*8|t*8|mL")
+ON_4_GPU_NODES = replace(TRUTH, gpus_per_node=4)  # PP=4 x DP=2: stages 0-1 and 2-3 share a node
+
+
+def observe_on(costs, texts=KEPT, extra_p2p_ms=0.0, parallel=HANDBOOK.parallel, steps=True):
+    """Noise-free runs of ``texts`` simulated on ``costs.gpus_per_node``-GPU nodes; the printed
+    step pays ``extra_p2p_ms`` on every transfer (the timers do not); ``steps=False`` drops the
+    iteration lines, as a log without them would."""
+    runs = []
+    for index, text in enumerate(texts):
+        layout = Layout.parse(text, parallel.pp)
+        log = synthetic_log(HANDBOOK.model, parallel, layout, costs, MICROBATCHES, iterations=8,
+                            seed=index, extra_p2p_ms=extra_p2p_ms)  # fmt: skip
+        if not steps:
+            log = "".join(line for line in log.splitlines(True) if " iteration " not in line)
+        runs.append(observation_from_log(f"run{index}", parse_log(log), layout, parallel,
+                                         MICROBATCHES))  # fmt: skip
+    return runs
+
+
+def test_inter_node_links_follow_megatrons_rank_order():
+    from ray_layout.model import ParallelConfig
+    from search.cost_model import inter_node_links
+
+    pp4_dp2 = ParallelConfig(pp=4, dp=2)  # stage r holds global ranks 2r, 2r+1
+    assert inter_node_links(pp4_dp2, 4).tolist() == [False, True, False, True]  # 1->2, 3->0
+    assert inter_node_links(pp4_dp2, 8).tolist() == [False] * 4
+    assert inter_node_links(pp4_dp2, 2).tolist() == [True] * 4  # every stage on its own node
+    assert inter_node_links(ParallelConfig(pp=4), 2).tolist() == [False, True, False, True]
+    # TP x DP = 4 per stage on 4-GPU nodes: one node per stage, every boundary crosses
+    assert inter_node_links(ParallelConfig(tp=2, pp=2, dp=2), 4).tolist() == [True, True]
+    # PP=3 x DP=2 on 4-GPU nodes: stages {0,1} {2,3} | {4,5}: 0->1 stays, 1->2 and 2->0 cross
+    assert inter_node_links(ParallelConfig(pp=3, dp=2), 4).tolist() == [False, True, True]
+    # 3 GPUs a stage on 4-GPU nodes: the pair 0<->3 shares node 0, 1<->4 does not: it crosses
+    assert inter_node_links(ParallelConfig(pp=2, dp=3), 4).tolist() == [True, True]
+    assert inter_node_links(ParallelConfig(pp=1, dp=8), 4).tolist() == [False]
+
+
+def test_p2p_links_pick_each_boundarys_cost():
+    from search.cost_model import p2p_links
+
+    four = p2p_links(ON_4_GPU_NODES, HANDBOOK.parallel)
+    assert four.tolist() == [0.4, 2.0, 0.4, 2.0]
+    assert p2p_links(TRUTH, HANDBOOK.parallel).tolist() == [0.4] * 4  # 8-GPU nodes
+
+
+def test_p2p_within_and_across_nodes_come_back_from_4_gpu_nodes():
+    runs = observe_on(ON_4_GPU_NODES)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
+    assert result.costs.gpus_per_node == 4
+    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.02)
+    assert result.costs.p2p_inter_node_ms == pytest.approx(2.0, rel=0.02)
+    assert result.p2p_latency_ms == 0.0
+    assert all(abs(e) < 0.001 for e in result.step_errors.values())
+
+
+def test_the_wrong_node_size_cannot_tell_the_links_apart():
+    """Told 8-GPU nodes, every boundary of the 4-GPU runs is taken as intra-node: intra is the
+    fastest call (0.4), inter is only the guess's ratio to it, and the steps, which paid 2.0 ms
+    on two of the four boundaries, are matched by a latency the data does not have."""
+    runs = observe_on(ON_4_GPU_NODES)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=8)
+    guess = costs_from_flops(HANDBOOK.model, HANDBOOK.parallel)
+    ratio = guess.p2p_inter_node_ms / guess.p2p_intra_node_ms
+    latency = result.p2p_latency_ms
+    assert result.costs.gpus_per_node == 8
+    assert result.costs.p2p_intra_node_ms - latency == pytest.approx(0.4, rel=0.01)
+    assert result.costs.p2p_inter_node_ms - latency == pytest.approx(0.4 * ratio, rel=0.01)
+    assert latency > 0.2  # the hidden inter-node time, spread over every transfer
+    assert all(abs(e) < 0.001 for e in result.step_errors.values())
+
+
+def test_a_link_kind_no_run_crossed_keeps_the_base_ratio():
+    base = replace(TRUTH, p2p_intra_node_ms=1.0, p2p_inter_node_ms=5.0)
+    intra_only = fit_costs(HANDBOOK.model, HANDBOOK.parallel, observe_on(TRUTH), base=base)
+    assert intra_only.costs.gpus_per_node == 8
+    assert intra_only.p2p_latency_ms == 0.0
+    assert intra_only.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.01)
+    assert intra_only.costs.p2p_inter_node_ms == pytest.approx(0.4 * 5.0, rel=0.01)
+    # the mirror: on 2-GPU nodes every stage has a node of its own, every link crosses
+    two = replace(TRUTH, gpus_per_node=2)
+    inter_only = fit_costs(HANDBOOK.model, HANDBOOK.parallel, observe_on(two), base=base,
+                           gpus_per_node=2)  # fmt: skip
+    assert inter_only.p2p_latency_ms == 0.0
+    assert inter_only.costs.p2p_inter_node_ms == pytest.approx(2.0, rel=0.01)
+    assert inter_only.costs.p2p_intra_node_ms == pytest.approx(2.0 / 5.0, rel=0.01)
+
+
+def test_interleaved_runs_give_back_the_inter_node_p2p():
+    texts = ("Ett|t*2|t*2|t*2|t*2|t*2|t*2|tmL", "E|t*3|t*2|t*2|t*2|t*2|t*2|t*3mL")  # VPP=2
+    runs = observe_on(ON_4_GPU_NODES, texts)
+    assert all(run.layout.vpp == 2 for run in runs)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
+    bare_inter = result.costs.p2p_inter_node_ms - result.p2p_latency_ms
+    assert bare_inter == pytest.approx(2.0, rel=0.05)
+
+
+@pytest.mark.parametrize("latency", [0.3, 1.0])
+def test_the_per_transfer_latency_comes_back_from_the_step_times(latency):
+    runs = observe_on(ON_4_GPU_NODES, extra_p2p_ms=latency)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
+    assert result.p2p_latency_ms == pytest.approx(latency, rel=0.1)
+    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4 + latency, rel=0.05)
+    assert result.costs.p2p_inter_node_ms == pytest.approx(2.0 + latency, rel=0.05)
+    assert set(result.step_errors) == {"run0", "run1"}
+    assert all(abs(e) < 0.01 for e in result.step_errors.values())
+    # the unit costs come from the timers alone: the latency leaves them as they were
+    untimed = fit_costs(HANDBOOK.model, HANDBOOK.parallel,
+                        [replace(run, step_ms=None) for run in runs], gpus_per_node=4)  # fmt: skip
+    assert result.costs.forward_ms == untimed.costs.forward_ms
+    assert result.costs.backward_ms == untimed.costs.backward_ms
+
+
+def test_no_latency_in_the_data_fits_none_and_changes_nothing():
+    runs = observe_on(ON_4_GPU_NODES)
+    assert all(run.step_ms is not None for run in runs)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
+    untimed = fit_costs(HANDBOOK.model, HANDBOOK.parallel,
+                        [replace(run, step_ms=None) for run in runs], gpus_per_node=4)  # fmt: skip
+    assert result.p2p_latency_ms < 0.01 * 0.4
+    assert untimed.p2p_latency_ms == 0.0 and untimed.step_errors == {}
+    for key in ("p2p_intra_node_ms", "p2p_inter_node_ms"):
+        assert getattr(result.costs, key) == pytest.approx(getattr(untimed.costs, key), rel=0.01)
+    assert result.costs.forward_ms == untimed.costs.forward_ms
+    assert result.costs.backward_ms == untimed.costs.backward_ms
+
+
+def test_runs_without_iteration_lines_fit_no_latency():
+    runs = observe_on(ON_4_GPU_NODES, extra_p2p_ms=0.5, steps=False)
+    assert all(run.step_ms is None for run in runs)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
+    assert result.p2p_latency_ms == 0.0 and result.step_errors == {}
+    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.02)
+    assert result.costs.p2p_inter_node_ms == pytest.approx(2.0, rel=0.02)
+
+
+def test_step_ms_is_the_mean_after_the_warmup_iterations():
+    from ray_layout.fit import STEP_WARMUP, observation_from_records
+
+    layout = Layout.parse(KEPT[0], HANDBOOK.parallel.pp)
+    parsed = parse_log(synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, TRUTH,
+                                     MICROBATCHES))  # fmt: skip
+
+    def step_ms(steps):
+        return observation_from_records("run", parsed.timers, parsed.memory, layout,
+                                        HANDBOOK.parallel, MICROBATCHES,
+                                        steps_ms=steps).step_ms  # fmt: skip
+
+    assert STEP_WARMUP == 3
+    assert step_ms([900.0, 500.0, 400.0, 100.0, 110.0, 120.0]) == pytest.approx(110.0)
+    assert step_ms([900.0, 500.0, 400.0, 130.0]) == pytest.approx(130.0)
+    assert step_ms([900.0, 500.0, 400.0]) is None
+    assert step_ms([]) is None
+    logged = observation_from_log("run", parsed, layout, HANDBOOK.parallel, MICROBATCHES)
+    printed = [record.elapsed_ms for record in parsed.iterations]
+    assert len(printed) == 6 and logged.step_ms == pytest.approx(np.mean(printed[3:]))
