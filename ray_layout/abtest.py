@@ -16,8 +16,9 @@ a noisy iteration decides.  So instead:
 - **Batch means**: consecutive step times are autocorrelated (a slow node stays slow for a while),
   so a t interval on single steps is far too narrow.  Averaging non-overlapping batches of
   ``batch_size`` steps gives nearly independent, nearly normal values; the tests run on those.
-- **Looks on a doubling schedule**: decisions happen only after ``looks[k]`` batches (3, 6, 12 by
-  default, the successive-halving spacing), never at every step; the last look is the budget.
+- **Looks on a doubling schedule**: decisions happen only after ``looks[k]`` batches (3, 6, 12
+  and 24 by default, the successive-halving spacing), never at every step; the last look is the
+  budget, long for precision among close arms, affordable since clear losers stop early.
 - **Alpha split across looks (Bonferroni)**: each look tests at ``alpha / len(looks)``, so the
   chance of ever stopping an arm that is not worse stays below ``alpha`` however often we look.
 - **Margin**: an arm stops only when a one-sided Welch test says its mean is more than
@@ -76,7 +77,7 @@ class ABConfig:
 
     warmup_iterations: int = 3  # dropped from the start of every arm's trace
     batch_size: int = 5  # iterations per batch mean
-    looks: tuple[int, ...] = (3, 6, 12)  # batches completed at each look; the last is the budget
+    looks: tuple[int, ...] = (3, 6, 12, 24)  # batches at each look; the last is the budget
     alpha: float = 0.05  # family-wise rate of stopping an arm that is not worse
     margin: float = 0.02  # stop only when more than (1 + margin) x the best's mean
     blowup: float = 3.0  # stop at once when the median step is over blowup x the best's median

@@ -57,8 +57,8 @@ class ArmOutcome:
 
     arm: str  # "candidate-1", "candidate-2", ..., "default", "count-based"
     layout: str  # e.g. "Et*5|t*6|t*5|mL"
-    role: str  # "candidate", "Megatron default" or "count-based rule"
-    predicted_ms: float  # simulated mean step time under the final cost model
+    role: str  # "candidate", "Megatron default", "count-based rule", or several joined by " + "
+    predicted_ms: float  # simulated mean step time under the cost model the search used
     measured_ms: float | None  # mean steady-state step time in the A/B (None: never got there)
     ci_ms: tuple[float, float] | None  # its confidence interval
     iterations: int  # steady iterations measured
@@ -178,7 +178,7 @@ def prediction_accuracy(arms: Iterable[ArmOutcome]) -> Accuracy:
 def pick_arm(summary: TuneSummary) -> ArmOutcome | None:
     """The arm that ran the pick: the winner if it holds the pick, else a candidate, else any."""
     holding = [a for a in summary.arms if a.layout == summary.pick]
-    for wanted in (lambda a: a.status == "won", lambda a: a.role == ROLE_CANDIDATE):
+    for wanted in (lambda a: a.status == "won", lambda a: ROLE_CANDIDATE in a.role.split(" + ")):
         for arm in holding:
             if wanted(arm):
                 return arm
@@ -188,7 +188,7 @@ def pick_arm(summary: TuneSummary) -> ArmOutcome | None:
 def baseline_arm(summary: TuneSummary, role: str) -> ArmOutcome | None:
     """The arm of a baseline, by role (or by its usual arm name)."""
     for arm in summary.arms:
-        if arm.role == role:
+        if role in arm.role.split(" + "):  # an arm may be a candidate and a baseline at once
             return arm
     return next((a for a in summary.arms if a.arm == _ARM_ALIASES.get(role)), None)
 
@@ -736,7 +736,7 @@ def _speedups(summary: TuneSummary) -> list[Block]:
         Para(
             (
                 "Measured when the A/B measured both the pick and the baseline, else predicted "
-                "by the simulator under the final cost model.",
+                "by the simulator under the cost model the search used.",
             )
         ),
     ]

@@ -66,6 +66,7 @@ from search.space import LayoutSpace
 EXIT_INTERRUPTED = 130
 DEFAULT_HARDWARE = "cluster_configs/hardware/h200_emulated.yaml"
 ROLES = {"default": "Megatron default", "count-based": "count-based rule"}
+ROLE_JOIN = " + "  # an arm that is several things at once: "candidate + Megatron default"
 PHASES = ("size", "profile", "fit", "search", "A/B", "refit", "report")
 SHARD_ABOVE, MAX_SHARDS = 200_000, 8  # layouts a process searches alone; Ray tasks at most
 
@@ -89,6 +90,7 @@ class TuneSettings:
     samples: int = 256
     seed: int = 0
     allow_standalone_mtp: bool = False
+    runs_at_once: int | None = None  # None: as many as the cluster has room for
 
 
 class Phases:
@@ -192,6 +194,7 @@ def profile(
         settings=ProfileSettings(train_iters=settings.profile_iters),
         timeout_s=settings.timeout_s,
         heartbeat_s=settings.heartbeat_s,
+        max_parallel=settings.runs_at_once,
     )
     with phases.bars() as bars:
         tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
@@ -270,25 +273,24 @@ def search(
 
 
 def choose_arms(found: Plan, top: int) -> list[Arm]:
-    """The top ``top`` layouts that fit, then the two baselines (once each: a baseline the
-    search also ranked on top keeps its candidate name)."""
+    """The top ``top`` layouts that fit, then the two baselines, each layout once: a baseline the
+    search also ranked on top keeps its candidate name and adds its role ("candidate + count-based
+    rule"), so the report still finds it."""
     arms: list[Arm] = []
     fitting = [c for c in found.candidates if c.fits][:top]
     for index, c in enumerate(fitting, 1):
-        arms.append(
-            Arm(
-                f"candidate-{index}",
-                Layout.parse(c.layout, c.pp),
-                "candidate",
-                c.mean_ms,
-                c.memory_gib,
-            )
-        )
+        layout = Layout.parse(c.layout, c.pp)
+        arms.append(Arm(f"candidate-{index}", layout, "candidate", c.mean_ms, c.memory_gib))
     for name, baseline in zip(("default", "count-based"), found.baselines, strict=True):
         c = baseline.candidate
-        if c is None or any(arm.layout == Layout.parse(c.layout, c.pp) for arm in arms):
+        if c is None:
             continue
-        arms.append(Arm(name, Layout.parse(c.layout, c.pp), ROLES[name], c.mean_ms, c.memory_gib))
+        layout = Layout.parse(c.layout, c.pp)
+        same = next((i for i, arm in enumerate(arms) if arm.layout == layout), None)
+        if same is None:
+            arms.append(Arm(name, layout, ROLES[name], c.mean_ms, c.memory_gib))
+        else:
+            arms[same] = replace(arms[same], role=f"{arms[same].role}{ROLE_JOIN}{ROLES[name]}")
     return arms
 
 
@@ -305,7 +307,7 @@ def ab_test(
     key = test_id(arms, config, repr((recipe.model, recipe.parallel, settings.backend.hardware)))
     world = recipe.parallel.world_size
     total_gpus = _cluster_gpus()
-    at_once = max(1, total_gpus // world)
+    at_once = max(1, min(total_gpus // world, settings.runs_at_once or total_gpus))
     phases.say(
         f"{len(arms)} arms of {world} GPUs, {min(at_once, len(arms))} at a time, "
         f"{config.max_iterations} iterations at most each (test {key})"
@@ -697,6 +699,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPUs a run takes per node (default: the cluster's, 4 embedded)",
     )
     parser.add_argument("--profile-iters", type=int, default=10)
+    parser.add_argument(
+        "--runs-at-once",
+        type=int,
+        help="at most this many runs side by side (default: as many as fit; 1 keeps emulated "
+        "runs on a small machine from sharing its cores)",
+    )
     ab = parser.add_argument_group("A/B test")
     defaults = ABConfig()
     ab.add_argument("--ab-warmup", type=int, default=defaults.warmup_iterations)
@@ -706,7 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument(
         "--ab-looks",
         default=",".join(map(str, defaults.looks)),
-        help="batches at each look, e.g. 3,6,12 (the last is the budget)",
+        help="batches at each look, e.g. 3,6,12,24 (the last is the budget)",
     )
     ab.add_argument("--ab-alpha", type=float, default=defaults.alpha)
     ab.add_argument("--ab-margin", type=float, default=defaults.margin)
@@ -733,7 +741,7 @@ def _settings(args: argparse.Namespace, recipe: Recipe, gpus_per_node: int) -> T
         looks = tuple(int(x) for x in args.ab_looks.split(","))
     except ValueError:
         raise ConfigError(
-            f"--ab-looks must be integers such as 3,6,12, got {args.ab_looks!r}"
+            f"--ab-looks must be integers such as 3,6,12,24, got {args.ab_looks!r}"
         ) from None
     config = ABConfig(
         warmup_iterations=args.ab_warmup,
@@ -747,7 +755,7 @@ def _settings(args: argparse.Namespace, recipe: Recipe, gpus_per_node: int) -> T
     if args.profile_iters < STEP_WARMUP + 2:
         raise ConfigError(f"--profile-iters must be >= {STEP_WARMUP + 2}: the fit drops the "
                           f"first {STEP_WARMUP}, got {args.profile_iters}")  # fmt: skip
-    for flag in ("nodes", "gpus_per_node"):
+    for flag in ("nodes", "gpus_per_node", "runs_at_once"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
@@ -770,6 +778,7 @@ def _settings(args: argparse.Namespace, recipe: Recipe, gpus_per_node: int) -> T
         samples=args.samples,
         seed=args.seed,
         allow_standalone_mtp=args.allow_standalone_mtp,
+        runs_at_once=args.runs_at_once,
     )
 
 

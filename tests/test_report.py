@@ -340,6 +340,16 @@ def test_speedup_basis_switches_from_measured_to_predicted(summary):
     assert found["count-based rule"].value == 1.0 and found["count-based rule"].basis == "measured"
     assert found["Megatron default"].value == pytest.approx(9400.0 / 7450.0)
 
+    # the count-based layout ran as a candidate arm ("candidate + count-based rule"): found
+    merged = tuple(
+        dataclasses.replace(a, arm="candidate-9", role="candidate + count-based rule")
+        if a.arm == "count-based" else a
+        for a in summary.arms
+    )  # fmt: skip
+    found = speedups(dataclasses.replace(summary, arms=merged))
+    assert found["count-based rule"].basis == "measured"
+    assert found["count-based rule"].value == pytest.approx(7450.0 / 6310.0)
+
     # no baseline arm and no timeline for it: no value, a reason instead
     bare = dataclasses.replace(summary, arms=summary.arms[:1], timelines={})
     missing = speedups(bare)["Megatron default"]

@@ -66,17 +66,21 @@ def test_choose_arms_takes_the_top_fitting_layouts_then_both_baselines_once():
     recipe = with_parallel(HANDBOOK, pp=4)
     costs = load_costs("configs/costs/handbook_h200_example.json")
     found = plan(recipe.model, recipe.parallel, costs, SearchSpec(num_microbatches=32),
-                 PlanOptions(top=10, hbm_gib=131))  # fmt: skip
+                 PlanOptions(top=200, hbm_gib=131))  # fmt: skip
     arms = choose_arms(found, 3)
     assert [a.name for a in arms] == ["candidate-1", "candidate-2", "candidate-3", "default",
                                       "count-based"]  # fmt: skip
     assert str(arms[0].layout) == "Et*5|t*6|t*5|mL"  # the hand-checked pick (docs/search.md)
     assert str(arms[3].layout) == "Et*4|t*4|t*4|t*4mL" and arms[3].role == "Megatron default"
     assert arms[0].predicted_ms == found.candidates[0].mean_ms
-    # a baseline the search ranks among the top is one arm, under its candidate name
-    everything = choose_arms(found, 10)
-    layouts = [str(a.layout) for a in everything]
-    assert len(layouts) == len(set(layouts))
+    # a baseline the search ranks among the top is one arm: its candidate name, both roles
+    count_based = found.baselines[1].candidate.layout
+    rank = next(i for i, c in enumerate(found.candidates) if c.layout == count_based)
+    merged = choose_arms(found, rank + 1)
+    layouts = [str(a.layout) for a in merged]
+    assert len(layouts) == len(set(layouts)) and "count-based" not in [a.name for a in merged]
+    arm = merged[rank]
+    assert (arm.name, arm.role) == (f"candidate-{rank + 1}", "candidate + count-based rule")
 
 
 def test_paste_flags_carry_the_layout_and_its_vpp():
