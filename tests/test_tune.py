@@ -3,6 +3,7 @@ cluster (emulated Megatron): in process and resumed, killed mid-run and resumed,
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -264,3 +265,20 @@ def test_a_large_space_is_searched_on_ray_tasks_with_the_same_top(
     assert spec.shards == 4
     assert [c.layout for c in sharded.candidates] == [c.layout for c in alone.candidates]
     assert sharded.scored == alone.scored
+
+
+def test_an_interleaved_tune_runs_its_candidates_with_their_vpp(ray_cluster, tmp_path):
+    recipe = with_parallel(HANDBOOK, pp=4, vpp=2, ep=1, dp=1, global_batch_size=16)  # 4 GPUs
+    settings = dataclasses.replace(small_settings(tmp_path, "interleaved"), ab_top=1)
+    summary = run_tune(recipe, settings, CONFIG, quiet()[0], threading.Event())
+
+    def layout_of(role: str) -> Layout:
+        return next(Layout.parse(a.layout, 4) for a in summary.arms if role in a.role)
+
+    assert layout_of("candidate").vpp == 2 and layout_of("Megatron default").vpp == 2
+    assert layout_of("count-based rule").vpp == 1  # the rule knows no virtual stages
+    pick = Layout.parse(summary.pick, 4)  # whichever won the A/B: the layout carries its VPP
+    assert summary.flags == paste_flags(pick) and summary.parallel["vpp"] == pick.vpp
+    runs = attempts(CostStore(settings.store), "interleaved")
+    assert set(runs.status) <= {"finished", "stopped"}
+    assert cluster_is_clean()
