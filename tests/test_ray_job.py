@@ -69,6 +69,17 @@ def ray_head(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
             head.wait()
 
 
+def submit(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """``ray job submit``, again while the head's job agent is still starting (the job server
+    answers before it: "No available agent to submit job")."""
+    deadline = time.monotonic() + 90
+    while True:
+        done = ray_cli("job", "submit", *args, env=env, timeout=timeout)
+        if "No available agent" not in done.stdout + done.stderr or time.monotonic() > deadline:
+            return done
+        time.sleep(2.0)
+
+
 def entrypoint(tmp_path: Path) -> list[str]:
     return [
         sys.executable, "-m", "ray_layout.tune", str(ROOT / "configs/handbook_7b_a1b.yaml"),
@@ -98,10 +109,10 @@ def live_groups(address: str, env: dict[str, str]) -> list[dict]:
 def test_submit_stop_and_resubmit_a_tune_job(ray_head, tmp_path):
     address, env = ray_head
     runtime = json.dumps({"env_vars": {"RAY_AUTH_MODE": "disabled", "RAY_DEDUP_LOGS": "0"}})
-    submit = ["job", "submit", "--address", address, "--runtime-env-json", runtime]
+    where = ["--address", address, "--runtime-env-json", runtime]
 
-    first = ray_cli(*submit, "--submission-id", "tune-1", "--no-wait", "--",
-                    *entrypoint(tmp_path), env=env)  # fmt: skip
+    first = submit(*where, "--submission-id", "tune-1", "--no-wait", "--", *entrypoint(tmp_path),
+                   env=env)  # fmt: skip
     assert first.returncode == 0, first.stderr
     deadline = time.monotonic() + 240
     while "A/B:" not in (logs := ray_cli("job", "logs", "--address", address, "tune-1",
@@ -120,8 +131,8 @@ def test_submit_stop_and_resubmit_a_tune_job(ray_head, tmp_path):
         assert time.monotonic() < deadline, f"job {status} ({shown}), groups left: {groups}"
         time.sleep(1.0)
 
-    second = ray_cli(*submit, "--submission-id", "tune-2", "--", *entrypoint(tmp_path), env=env,
-                     timeout=400)  # fmt: skip
+    second = submit(*where, "--submission-id", "tune-2", "--", *entrypoint(tmp_path), env=env,
+                    timeout=400)  # fmt: skip
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert job_status(address, "tune-2", env) == "SUCCEEDED"
     assert second.stdout.count("(from the store)") >= 2  # the profiling runs were not redone
