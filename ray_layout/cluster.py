@@ -636,6 +636,8 @@ def _attempt(attempt: _Attempt, rank_env: RankEnv) -> RunResult:
             return attempt.result("infeasible-placement", error)
         actors = _create_actors(spec, pg, bundles, attempt.run_id)
         return _launch_and_watch(attempt, actors, rank_env)
+    except _Cancelled:
+        return attempt.result("cancelled", _CANCELLED)
     except ConfigError as exc:  # also raised in an actor: the command cannot be launched
         return attempt.result("invalid-config", _one_line(str(exc)))
     except RayActorError as exc:
@@ -644,6 +646,24 @@ def _attempt(attempt: _Attempt, rank_env: RankEnv) -> RunResult:
         return attempt.result("node-lost", f"a rank's actor did not answer in {_RPC_TIMEOUT_S:g} s")
     finally:
         _release(actors, pg, spec.stop_grace_s)
+
+
+class _Cancelled(Exception):
+    """The run was cancelled while the shell waited on its actors."""
+
+
+def _get(refs: list[Any], timeout_s: float, cancel: threading.Event) -> list[Any]:
+    """``ray.get`` that gives up at the timeout (GetTimeoutError) or as soon as the run is
+    cancelled (_Cancelled): actors of a busy cluster may take long to start."""
+    deadline = time.monotonic() + timeout_s
+    while not cancel.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GetTimeoutError(f"no answer in {timeout_s:g} s")
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=min(left, _POLL_S * 4))
+        if len(done) == len(refs):
+            return ray.get(refs)
+    raise _Cancelled
 
 
 def _placed(pg: PlacementGroup, timeout_s: float, cancel: threading.Event) -> bool:
@@ -696,14 +716,14 @@ def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) ->
     world = spec.parallel.world_size
     deadline = time.monotonic() + spec.timeout_s
     try:
-        places = ray.get([slot.where.remote() for slot in slots], timeout=spec.timeout_s)
+        places = _get([slot.where.remote() for slot in slots], spec.timeout_s, attempt.cancel)
     except GetTimeoutError:
         return attempt.result("timeout", f"rank actors did not start in {spec.timeout_s:g} s")
     slot_of = {(node, gpus[0]): slot for slot, (node, gpus, _) in enumerate(places)}
     ordered = rank_order(list(slot_of), spec.parallel)
     ranks = [slots[slot_of[device]] for device in ordered]
     master_addr = places[slot_of[ordered[0]]][2]
-    master_port = ray.get(ranks[0].free_port.remote(), timeout=_RPC_TIMEOUT_S)
+    master_port = _get([ranks[0].free_port.remote()], _RPC_TIMEOUT_S, attempt.cancel)[0]
     launches = []
     for rank, (actor, log_path) in enumerate(zip(ranks, attempt.log_paths, strict=True)):
         gpu_ids = places[slot_of[ordered[rank]]][1]
@@ -713,7 +733,7 @@ def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) ->
             **device_env(ordered, rank),
         }
         launches.append(actor.start.remote(spec.command, env, str(log_path)))
-    ray.get(launches, timeout=_RPC_TIMEOUT_S)
+    _get(launches, _RPC_TIMEOUT_S, attempt.cancel)
     failed_at: float | None = None
     lines_seen = 0
     while True:

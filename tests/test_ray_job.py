@@ -50,6 +50,11 @@ def ray_head(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
                "--dashboard-port", str(dashboard), "--include-dashboard", "true",
                "--num-cpus", "4", "--num-gpus", str(HEAD_GPUS),
                "--object-store-memory", str(100 * 2**20), "--block"]  # fmt: skip
+    # the session's simulated cluster holds Ray's default agent ports: the head's job agent
+    # must not collide with it, or jobs are refused with "No available agent"
+    for flag in ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                 "--runtime-env-agent-port", "--metrics-export-port"):  # fmt: skip
+        command[-1:-1] = [flag, str(free_port())]
     with open(logs / "head.log", "w") as log:
         head = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     address = f"http://127.0.0.1:{dashboard}"

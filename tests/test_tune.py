@@ -7,6 +7,7 @@ import dataclasses
 import io
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -169,8 +170,9 @@ def test_a_whole_tune_then_the_same_tune_again_from_the_store(ray_cluster, tmp_p
     assert summary.pick_source == "A/B test"
     won = next(a for a in summary.arms if a.status == "won")
     assert won.layout == summary.pick and summary.flags == paste_flags(Layout.parse(won.layout, 2))
-    for arm in arms:  # the fit's predictions hold on this (loaded, 2-core) machine
-        assert arm.measured_ms == pytest.approx(arm.predicted_ms, rel=0.15), arm
+    for arm in arms:  # the fit's predictions hold; medians, as a loaded 2-core machine spikes
+        median = statistics.median(arm.steps_ms[settings.ab.warmup_iterations :])
+        assert median == pytest.approx(arm.predicted_ms, rel=0.15), arm
     assert summary.gpu_seconds_spent <= summary.gpu_seconds_full
     assert len(store.read("fits", study="whole")) == 2  # the fit, and the refit with the A/B
     assert (settings.report_dir / "report.md").read_text().count(summary.pick) >= 2
