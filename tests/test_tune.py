@@ -191,7 +191,8 @@ def tune_process(tmp_path: Path, study: str, address: str) -> subprocess.Popen[s
               "--report-dir", str(tmp_path / "report")]  # fmt: skip
     command = [sys.executable, "-m", "ray_layout.tune", CONFIG, *SMALL_FLAGS,
                "--ray-address", address, "--study", study, *places]  # fmt: skip
-    env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    env = os.environ | {"RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1",
+                        "PYTHONFAULTHANDLER": "1"}  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)  # fmt: skip
 
@@ -238,10 +239,13 @@ def test_a_killed_driver_leaves_no_run_and_the_tune_resumes(ray_cluster, tmp_pat
 def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
     process = tune_process(tmp_path, "interrupted", ray_cluster.address)
     try:
-        read_until(process, "profile:", 120)
-        time.sleep(6.0)  # profiling runs are placed and running
+        read_until(process, "iteration 10/14", 240)  # A/B arms are running
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=60)
+        try:
+            output, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # hung: its threads' stacks say where
+            process.send_signal(signal.SIGABRT)
+            output, _ = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
@@ -249,7 +253,8 @@ def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
     assert "interrupted: every run was stopped" in output and "Traceback" not in output
     assert cluster_is_clean(10.0)
     runs = attempts(CostStore(tmp_path / "store"), "interrupted")
-    assert set(runs.status) == {"cancelled"}
+    assert set(runs[runs.source == "profile"].status) == {"finished"}
+    assert "cancelled" in set(runs[runs.source != "profile"].status)
 
 
 def test_a_large_space_is_searched_on_ray_tasks_with_the_same_top(
