@@ -797,7 +797,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    # SIGTERM is what `ray job stop` sends; SIGINT too, even where it came in ignored (a
+    # background job of a shell ignores it), so that Ctrl-C and kill -INT always stop the runs
     signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     try:
         recipe = _recipe_from_args(args)
         _check_recipe(recipe)
