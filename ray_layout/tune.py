@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from launchers.megatron import ProfileSettings
-from ray_layout.abtest import ABConfig, arm_stats, gpu_seconds, steady_steps
+from ray_layout.abtest import ABConfig, Decision, arm_stats, gpu_seconds, steady_steps
 from ray_layout.cli import (
     EXIT_BAD_INPUT,
     FLOPS_TFLOPS,
@@ -363,13 +363,17 @@ def ab_test(
     decisions = test.finish()
     run_ids = {r.arm.name: r.run.ingested.run_id for r in results if r.run and r.run.ingested}
     write_decisions(store, settings.study, key, decisions, run_ids)
-    results = [replace(r, trace=test.trace(r.arm.name)) for r in results]
-    fate = {d.arm: d for d in decisions}  # in the order made: the last one stands
+    fate = fates(decisions)
     for r in results:
         verdict = fate.get(r.arm.name)
         said = f"{verdict.action}: {verdict.reason}" if verdict else "no decision"
         phases.say(f"{r.arm.name} {r.arm.layout}: {len(r.trace.steps_ms)} iterations, {said}")
     return results, decisions, key
+
+
+def fates(decisions: Sequence[Decision]) -> dict[str, Decision]:
+    """Each arm's last decision: decisions come in the order they were made."""
+    return {d.arm: d for d in decisions}
 
 
 def _cluster_cpus() -> int:
@@ -408,9 +412,7 @@ def outcomes(
     results: Sequence[ArmResult], decisions: Sequence, config: ABConfig
 ) -> tuple[ArmOutcome, ...]:
     """What the report shows of each arm."""
-    final = {}
-    for d in decisions:  # the last decision of each arm is its fate
-        final[d.arm] = d
+    final = fates(decisions)
     rows = []
     for r in results:
         values = steady_steps(r.trace, config)
@@ -570,7 +572,7 @@ def run_tune(
             flags=paste_flags(pick),
             pick_source="A/B test" if winner else "prediction (no A/B)",
             arms=rows,
-            decisions=tuple(_decision_dict(d) for d in decisions),
+            decisions=tuple(asdict(d) for d in decisions),
             timelines=timelines,
             unit_costs=costs,
             fit_warnings=tuple(first.warnings),
@@ -608,10 +610,6 @@ def _predicted_only(arms: Sequence[Arm]) -> tuple[ArmOutcome, ...]:
         )
         for a in arms
     )
-
-
-def _decision_dict(d) -> dict:
-    return asdict(d)
 
 
 def _refit_note(
