@@ -16,9 +16,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from ray_layout.costs import costs_from_flops, load_costs
-from ray_layout.loading import load_recipe
-from ray_layout.model import with_parallel
+from ray_layout.model.costs import costs_from_flops, load_costs
+from ray_layout.model.loading import load_recipe
+from ray_layout.model.spec import with_parallel
 from search.cost_model import build_cost_model
 from search.evaluate import monte_carlo, score, standard_normals
 from search.planner import PlanOptions, SearchSpec, plan

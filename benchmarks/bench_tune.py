@@ -57,15 +57,15 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from launchers.megatron import ProfileSettings  # noqa: E402
-from ray_layout.abtest import ABConfig  # noqa: E402
-from ray_layout.layout import Layout  # noqa: E402
-from ray_layout.live_ab import stored_steps  # noqa: E402
-from ray_layout.loading import load_recipe  # noqa: E402
-from ray_layout.model import Recipe, with_parallel  # noqa: E402
-from ray_layout.profiling import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
-from ray_layout.report import TuneSummary  # noqa: E402
-from ray_layout.store import CostStore  # noqa: E402
-from ray_layout.tune import TuneSettings, run_tune, study_id  # noqa: E402
+from ray_layout.ab.live import stored_steps  # noqa: E402
+from ray_layout.ab.stats import ABConfig  # noqa: E402
+from ray_layout.driver.tune import TuneSettings, run_tune, study_id  # noqa: E402
+from ray_layout.measure.store import CostStore  # noqa: E402
+from ray_layout.model.layout import Layout  # noqa: E402
+from ray_layout.model.loading import load_recipe  # noqa: E402
+from ray_layout.model.spec import Recipe, with_parallel  # noqa: E402
+from ray_layout.report.tune_report import TuneSummary  # noqa: E402
+from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
 from search.planner import PlanOptions, SearchSpec, score_given  # noqa: E402
 from search.space import LayoutSpace  # noqa: E402
 
@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from ray_layout.cluster import start_local_cluster
+    from ray_layout.runtime.cluster import start_local_cluster
 
     started = time.monotonic()
     cluster = start_local_cluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE)

@@ -7,8 +7,8 @@
 It makes the whole tuning loop runnable and testable without GPUs, while staying independent of
 the planner's simulator:
 
-- the command line is read with Megatron's flag table (``ray_layout.megatron_args``): an unknown
-  flag or a bad value exits 2 with one line on stderr, as Megatron's argparse would;
+- the command line is read with Megatron's flag table (``ray_layout.model.megatron_args``): an
+  unknown flag or a bad value exits 2 with one line on stderr, as Megatron's argparse would;
 - the order of forward and backward work comes from megatron-core's own
   ``get_pp_rank_microbatches`` and ``get_schedule_table``, with the p2p calls Megatron makes at
   each point (``overlap_p2p_comm`` off, as ``search/schedule.py`` assumes; its op types are
@@ -28,7 +28,7 @@ the planner's simulator:
   ``hbm_gib`` the rank prints PyTorch's out-of-memory line and exits 1 before training (its
   neighbours then fail on gloo, as a real job would);
 - logs: Megatron's timer blocks (gathered to the last rank, in emulated ms, with the
-  first-interval quirk), iteration lines and memory lines (``ray_layout.megatron_log_format``).
+  first-interval quirk), iteration lines and memory lines (``ray_layout.measure.log_format``).
 
 Environment: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` (torch's ``env://``
 rendezvous), ``LOCAL_RANK`` (the GPU named in the out-of-memory line, default 0),
@@ -62,11 +62,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ray_layout.baselines import megatron_default
-from ray_layout.costs import FORMAT, UnitCosts, costs_from_dict, stage_compute_ms
-from ray_layout.layout import MTP, Layout, LayoutError, validate
-from ray_layout.megatron_args import load_megatron_command_line, megatron_flag_table, parse_flags
-from ray_layout.megatron_log_format import (
+from ray_layout.errors import ConfigError, LayoutError
+from ray_layout.measure.log_format import (
     P2P_TIMER_OF_CALL,
     TIMER_LOGGER_PREFIX,
     iteration_line,
@@ -75,9 +72,17 @@ from ray_layout.megatron_log_format import (
     timers_max,
     timers_minmax,
 )
-from ray_layout.megatron_logs import LEVEL1_TIMERS, LEVEL2_TIMERS
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig, read_mapping, with_parallel
-from ray_layout.sizing import WEIGHT_BYTES, stage_sizes, training_flops_per_iteration
+from ray_layout.measure.logs import LEVEL1_TIMERS, LEVEL2_TIMERS
+from ray_layout.model.baselines import megatron_default
+from ray_layout.model.costs import FORMAT, UnitCosts, costs_from_dict, stage_compute_ms
+from ray_layout.model.layout import MTP, Layout, validate
+from ray_layout.model.megatron_args import (
+    load_megatron_command_line,
+    megatron_flag_table,
+    parse_flags,
+)
+from ray_layout.model.sizing import WEIGHT_BYTES, stage_sizes, training_flops_per_iteration
+from ray_layout.model.spec import ModelSpec, ParallelConfig, read_mapping, with_parallel
 from search.cost_model import in_flight_at_peak
 from search.memory import GIB, StageMemory, stage_memory
 from search.schedule import (

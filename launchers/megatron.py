@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_layout.layout import Layout, LayoutError, validate
-from ray_layout.megatron_args import _CONVERTERS, _arity, _is_value, megatron_flag_table
-from ray_layout.model import ConfigError, MLAConfig, ModelSpec, ParallelConfig, Recipe
+from ray_layout.errors import ConfigError, LayoutError
+from ray_layout.model.layout import Layout, validate
+from ray_layout.model.megatron_args import _CONVERTERS, _arity, _is_value, megatron_flag_table
+from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig, Recipe
 
 _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 # Megatron rejects these together with a layout string: the layout alone sets the split and VPP.

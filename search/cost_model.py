@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ray_layout.costs import UnitCosts
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig
-from ray_layout.sizing import EMBEDDING, LOSS, WEIGHT_BYTES, static_memory, unit_sizes
+from ray_layout.errors import ConfigError
+from ray_layout.model.costs import UnitCosts
+from ray_layout.model.sizing import EMBEDDING, LOSS, WEIGHT_BYTES, static_memory, unit_sizes
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.memory import GIB, activation_bytes, logits_bytes
 from search.schedule import BACKWARD, compute_order
 

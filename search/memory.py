@@ -36,10 +36,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ray_layout.costs import UnitCosts, stage_units
-from ray_layout.layout import Layout
-from ray_layout.model import ModelSpec, ParallelConfig
-from ray_layout.sizing import (
+from ray_layout.model.costs import UnitCosts, stage_units
+from ray_layout.model.layout import Layout
+from ray_layout.model.sizing import (
     DECODER,
     DENSE_DECODER,
     EMBEDDING,
@@ -48,6 +47,7 @@ from ray_layout.sizing import (
     MTP,
     stage_sizes,
 )
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 GIB = 2**30
 LOGIT_BYTES = 4  # the loss works on fp32 logits

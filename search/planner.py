@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ray_layout.baselines import count_based, megatron_default
-from ray_layout.costs import UnitCosts
-from ray_layout.layout import Layout, LayoutError, format_stages
-from ray_layout.model import ModelSpec, ParallelConfig
+from ray_layout.errors import LayoutError
+from ray_layout.model.baselines import count_based, megatron_default
+from ray_layout.model.costs import UnitCosts
+from ray_layout.model.layout import Layout, format_stages
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.cost_model import CostModel, build_cost_model
 from search.evaluate import Scores, monte_carlo, score, stage_times, standard_normals, tail_ms
 from search.exact import exact_search

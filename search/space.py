@@ -3,7 +3,7 @@ enumeration.
 
 A valid layout is the sequence ``E t^N m^K L`` cut into PP x VPP contiguous stages, with all MTP
 layers in one stage that sits in the last virtual chunk of its rank (Megatron's rules, see
-``ray_layout.layout.validate``).  Treating ``m^K`` as one block, a layout is a choice of cut
+``ray_layout.model.layout.validate``).  Treating ``m^K`` as one block, a layout is a choice of cut
 points between the items ``E, t_1..t_N, M, L``: the enumeration walks those choices with
 ``itertools`` and the count runs a dynamic programme over (item, stage), so the two are
 independent and can check each other.
@@ -18,7 +18,8 @@ from functools import cached_property
 
 import numpy as np
 
-from ray_layout.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, LayoutError
+from ray_layout.errors import LayoutError
+from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout
 
 
 @dataclass(frozen=True)

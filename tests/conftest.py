@@ -18,7 +18,7 @@ def ray_cluster() -> Iterator[object]:
         pytest.skip("Ray disabled")
     import ray
 
-    from ray_layout.cluster import start_local_cluster
+    from ray_layout.runtime.cluster import start_local_cluster
 
     if ray.is_initialized():
         pytest.fail("a Ray connection is already open; the cluster fixture needs its own")

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ray_layout.model import ModelSpec
+from ray_layout.model.spec import ModelSpec
 
 # Warnings megatron-core emits on a CPU-only machine without Transformer Engine or Apex, and
 # its own deprecation notices (torch's for the jit decorators megatron-core uses); tests pass

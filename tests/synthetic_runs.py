@@ -10,16 +10,16 @@ from dataclasses import replace
 
 import numpy as np
 
-from ray_layout.costs import UnitCosts
-from ray_layout.layout import Layout
-from ray_layout.megatron_log_format import (
+from ray_layout.measure.log_format import (
     P2P_TIMER_OF_CALL,
     TIMER_LOGGER_PREFIX,
     iteration_line,
     memory_line,
     timers_all,
 )
-from ray_layout.model import ModelSpec, ParallelConfig
+from ray_layout.model.costs import UnitCosts
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.cost_model import build_cost_model
 from search.evaluate import memory, stage_times, tail_ms
 from search.planner import _layout_counts

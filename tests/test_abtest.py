@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from ray_layout.abtest import (
+from ray_layout.ab.stats import (
     TERMINAL,
     ABConfig,
     ArmCost,
@@ -32,8 +32,8 @@ from ray_layout.abtest import (
     winner,
     worse_by_margin,
 )
-from ray_layout.model import ConfigError
-from ray_layout.store import TABLE_SCHEMAS
+from ray_layout.errors import ConfigError
+from ray_layout.measure.store import TABLE_SCHEMAS
 
 CONFIG = ABConfig(warmup_iterations=3, batch_size=5, looks=(2, 4, 8))  # short looks, hand-checkable
 BEST = "Et*5|t*6|t*5|mL"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ray_layout.baselines import count_based, megatron_default
-from ray_layout.layout import LayoutError, validate
+from ray_layout.errors import LayoutError
+from ray_layout.model.baselines import count_based, megatron_default
+from ray_layout.model.layout import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ray_layout.cli import main
+from ray_layout.commands.cli import main
 
 HANDBOOK = "configs/handbook_7b_a1b.yaml"
 DEEPSEEK = "tests/data/hf/DeepSeek-V3/config.json"

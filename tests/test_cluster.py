@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 from megatron.core.parallel_state import RankGenerator
 
-from ray_layout.cluster import (
+from ray_layout.errors import ConfigError
+from ray_layout.measure.store import CostStore
+from ray_layout.model.spec import ParallelConfig
+from ray_layout.runtime.cluster import (
     RankProcess,
     RankStatus,
     RunResult,
@@ -32,8 +35,6 @@ from ray_layout.cluster import (
     run_many,
     run_on_cluster,
 )
-from ray_layout.model import ConfigError, ParallelConfig
-from ray_layout.store import CostStore
 from tests.conftest import GPUS_PER_NODE, NODES
 
 ORDER = "tp-cp-ep-dp-pp"
@@ -201,7 +202,7 @@ def test_classify_exit_names_the_cause_not_its_echo():
 
 def test_failure_marks():
     assert failure_mark("RuntimeError: CUDA error: out of memory") == "oom"
-    assert failure_mark("ray_layout.model.ConfigError: TP=3") == "invalid-config"
+    assert failure_mark("ray_layout.model.spec.ConfigError: TP=3") == "invalid-config"
     assert failure_mark("torch.distributed.DistBackendError: NCCL error in: x") == "comm"
     assert failure_mark("[E ProcessGroupGloo.cpp:143] gloo: Timed out waiting 1800000ms") == "comm"
     assert failure_mark(" iteration 10/ 20 | lm loss: 1.0 | error: none") is None

@@ -11,7 +11,7 @@ import pytest
 import ray
 import yaml
 
-from ray_layout.tune import build_parser as tune_parser
+from ray_layout.commands.tune import build_parser as tune_parser
 
 CONFIGS = Path("cluster_configs")
 RAY_SCHEMA = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ray_layout.costs import load_costs, stage_compute_ms, step_tail_ms
-from ray_layout.layout import Layout
-from ray_layout.model import ConfigError, build_recipe, load_recipe_file, with_parallel
-from ray_layout.sizing import stage_sizes
+from ray_layout.errors import ConfigError
+from ray_layout.model.costs import load_costs, stage_compute_ms, step_tail_ms
+from ray_layout.model.layout import Layout
+from ray_layout.model.sizing import stage_sizes
+from ray_layout.model.spec import build_recipe, load_recipe_file, with_parallel
 from search.cost_model import build_cost_model, in_flight_at_peak, p2p_links
 from search.evaluate import memory, stage_times, tail_ms
 from search.memory import stage_memory

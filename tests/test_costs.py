@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from ray_layout.costs import (
+from ray_layout.errors import ConfigError
+from ray_layout.model.costs import (
     FORMAT,
     UnitCosts,
     costs_from_flops,
@@ -18,8 +19,8 @@ from ray_layout.costs import (
     stage_units,
     step_tail_ms,
 )
-from ray_layout.model import ConfigError, build_recipe, load_recipe_file
-from ray_layout.sizing import stage_sizes, unit_sizes
+from ray_layout.model.sizing import stage_sizes, unit_sizes
+from ray_layout.model.spec import build_recipe, load_recipe_file
 
 EXAMPLE = "configs/costs/handbook_h200_example.json"
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")

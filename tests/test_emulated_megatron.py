@@ -25,8 +25,8 @@ from launchers.emulated_megatron import (
     run_config,
     timer_block,
 )
-from ray_layout.megatron_logs import parse_log, steady_intervals
-from ray_layout.model import ConfigError
+from ray_layout.errors import ConfigError
+from ray_layout.measure.logs import parse_log, steady_intervals
 from search.schedule import P2PCall, compile_schedule, rank_ops, simulate, stage_durations
 from tests.megatron_oracle import MEGATRON_CPU_WARNINGS, _free_port
 from tests.test_schedule import megatron_order

@@ -7,8 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ray_layout.costs import costs_from_flops, load_costs
-from ray_layout.fit import (
+from ray_layout.errors import ConfigError
+from ray_layout.measure.fit import (
     PAIR,
     design_rows,
     fit_costs,
@@ -16,9 +16,10 @@ from ray_layout.fit import (
     profile_design,
     unit_columns,
 )
-from ray_layout.layout import Layout
-from ray_layout.megatron_logs import parse_log
-from ray_layout.model import ConfigError, load_recipe_file
+from ray_layout.measure.logs import parse_log
+from ray_layout.model.costs import costs_from_flops, load_costs
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import load_recipe_file
 from tests.synthetic_runs import synthetic_log
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
@@ -72,7 +73,7 @@ def test_noisy_logs_stay_within_the_noise():
 
 
 def test_dense_and_moe_layers_are_told_apart():
-    from ray_layout.model import build_recipe
+    from ray_layout.model.spec import build_recipe
 
     recipe = build_recipe(
         {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 8, "seq_length": 1024,
@@ -104,7 +105,7 @@ def test_runs_that_cannot_separate_units_are_refused():
 
 
 def test_max_timer_option_is_refused_with_a_hint():
-    from ray_layout.megatron_log_format import timers_max
+    from ray_layout.measure.log_format import timers_max
 
     log = "\n".join([timers_max({"forward-compute": 10.0})] * 4) + "\n"
     with pytest.raises(ConfigError, match="timing-log-option all"):
@@ -164,7 +165,7 @@ def observe_on(costs, texts=KEPT, extra_p2p_ms=0.0, parallel=HANDBOOK.parallel, 
 
 
 def test_inter_node_links_follow_megatrons_rank_order():
-    from ray_layout.model import ParallelConfig
+    from ray_layout.model.spec import ParallelConfig
     from search.cost_model import inter_node_links
 
     pp4_dp2 = ParallelConfig(pp=4, dp=2)  # stage r holds global ranks 2r, 2r+1
@@ -280,7 +281,7 @@ def test_runs_without_iteration_lines_fit_no_latency():
 
 
 def test_step_ms_is_the_mean_after_the_warmup_iterations():
-    from ray_layout.fit import STEP_WARMUP, observation_from_records
+    from ray_layout.measure.fit import STEP_WARMUP, observation_from_records
 
     layout = Layout.parse(KEPT[0], HANDBOOK.parallel.pp)
     parsed = parse_log(synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, TRUTH,

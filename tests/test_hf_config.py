@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ray_layout.hf_config import load_hf_config
-from ray_layout.model import ConfigError, MLAConfig, ModelSpec
+from ray_layout.errors import ConfigError
+from ray_layout.model.hf_config import load_hf_config
+from ray_layout.model.spec import MLAConfig, ModelSpec
 
 HF = Path(__file__).parent / "data" / "hf"
 

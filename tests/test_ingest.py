@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from ray_layout.cli import main
-from ray_layout.costs import load_costs
-from ray_layout.fit import fit_costs, observation_from_log
-from ray_layout.ingest import LoggedRun, ingest, observations_from_store
-from ray_layout.layout import Layout
-from ray_layout.megatron_logs import parse_log_file
-from ray_layout.model import load_recipe_file
-from ray_layout.store import CostStore
+from ray_layout.commands.cli import main
+from ray_layout.measure.fit import fit_costs, observation_from_log
+from ray_layout.measure.ingest import LoggedRun, ingest, observations_from_store
+from ray_layout.measure.logs import parse_log_file
+from ray_layout.measure.store import CostStore
+from ray_layout.model.costs import load_costs
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import load_recipe_file
 from tests.synthetic_runs import synthetic_log
 
 HANDBOOK_PATH = "configs/handbook_7b_a1b.yaml"

@@ -18,11 +18,11 @@ from launchers.megatron import (
     megatron_command,
     rank_environment,
 )
-from ray_layout.hf_config import load_hf_config
-from ray_layout.layout import Layout
-from ray_layout.megatron_args import load_megatron_command_line
-from ray_layout.model import (
-    ConfigError,
+from ray_layout.errors import ConfigError
+from ray_layout.model.hf_config import load_hf_config
+from ray_layout.model.layout import Layout
+from ray_layout.model.megatron_args import load_megatron_command_line
+from ray_layout.model.spec import (
     ParallelConfig,
     Recipe,
     build_parallel,
@@ -33,7 +33,7 @@ from ray_layout.model import (
 
 ROOT = Path(__file__).parent.parent
 HF = Path(__file__).parent / "data" / "hf"
-FLAG_TABLE = ROOT / "ray_layout" / "data" / "megatron_args_core_v0.16.1.json"
+FLAG_TABLE = ROOT / "ray_layout" / "model" / "data" / "megatron_args_core_v0.16.1.json"
 LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ray_layout.layout import (
+from ray_layout.errors import LayoutError
+from ray_layout.model.layout import (
     Layout,
-    LayoutError,
     expand,
     format_stages,
     parse_stages,

@@ -14,11 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ray_layout import live_ab
-from ray_layout.abtest import ABConfig, gpu_seconds
-from ray_layout.cluster import FINISHED, STOPPED, RunResult
-from ray_layout.layout import Layout
-from ray_layout.live_ab import (
+from ray_layout.ab import live as live_ab
+from ray_layout.ab.live import (
     SETTLED,
     Arm,
     LiveTest,
@@ -26,12 +23,15 @@ from ray_layout.live_ab import (
     stored_steps,
     write_decisions,
 )
-from ray_layout.live_ab import (
+from ray_layout.ab.live import (
     test_id as ab_test_id,
 )
-from ray_layout.megatron_log_format import iteration_line, memory_line
-from ray_layout.profiling import ProfiledRun
-from ray_layout.store import CostStore
+from ray_layout.ab.stats import ABConfig, gpu_seconds
+from ray_layout.measure.log_format import iteration_line, memory_line
+from ray_layout.measure.store import CostStore
+from ray_layout.model.layout import Layout
+from ray_layout.runtime.cluster import FINISHED, STOPPED, RunResult
+from ray_layout.runtime.profiling import ProfiledRun
 
 # 2 warm-up steps, batches of 3, looks after 2 and 4 batches: look 0 at 8 lines, budget 14
 CONFIG = ABConfig(warmup_iterations=2, batch_size=3, looks=(2, 4))

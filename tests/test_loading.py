@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ray_layout.loading import load_recipe
-from ray_layout.model import ConfigError
+from ray_layout.errors import ConfigError
+from ray_layout.model.loading import load_recipe
 
 DATA = Path(__file__).parent / "data"
 FIELDS = {

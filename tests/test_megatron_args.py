@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from ray_layout.megatron_args import (
+from ray_layout.errors import ConfigError
+from ray_layout.model.megatron_args import (
     load_megatron_command_line,
     load_megatron_script,
     megatron_flag_table,
 )
-from ray_layout.model import ConfigError, MLAConfig, ModelSpec, ParallelConfig
+from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig
 
 DATA = Path(__file__).parent / "data"
 BASE = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 512 --vocab-size 1000"

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_layout.megatron_logs import (
+from ray_layout.errors import ConfigError
+from ray_layout.measure.logs import (
     LEVEL1_TIMERS,
     LEVEL2_TIMERS,
     SKIPPED_EXAMPLES,
@@ -21,7 +22,6 @@ from ray_layout.megatron_logs import (
     parse_log_file,
     steady_intervals,
 )
-from ray_layout.model import ConfigError
 
 FIXTURE = Path(__file__).parent / "data" / "logs" / "megatron_all_timers.log"
 TIMERS_LOGGER = "INFO:megatron.core.timers:"

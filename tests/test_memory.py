@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from ray_layout.costs import costs_from_flops, load_costs
-from ray_layout.hf_config import load_hf_config
-from ray_layout.layout import Layout
-from ray_layout.model import ParallelConfig, build_recipe, load_recipe_file
-from ray_layout.sizing import stage_sizes
+from ray_layout.model.costs import costs_from_flops, load_costs
+from ray_layout.model.hf_config import load_hf_config
+from ray_layout.model.layout import Layout
+from ray_layout.model.sizing import stage_sizes
+from ray_layout.model.spec import ParallelConfig, build_recipe, load_recipe_file
 from search.memory import GIB, StageMemory, activation_bytes, fits, logits_bytes, stage_memory
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_layout.model import ConfigError, build_recipe, parse_moe_layer_freq
+from ray_layout.errors import ConfigError
+from ray_layout.model.spec import build_recipe, parse_moe_layer_freq
 
 patterns = st.lists(st.integers(0, 1), min_size=1, max_size=200)
 

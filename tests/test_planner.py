@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from ray_layout.costs import load_costs
-from ray_layout.model import load_recipe_file
+from ray_layout.model.costs import load_costs
+from ray_layout.model.spec import load_recipe_file
 from search.evaluate import monte_carlo, score, standard_normals
 from search.planner import (
     PlanOptions,
@@ -98,7 +98,7 @@ def test_handbook_plan_picks_the_published_layout_with_example_costs():
 
 def test_no_default_split_is_reported_not_raised():
     recipe = load_recipe_file("configs/handbook_7b_a1b.yaml")
-    from ray_layout.model import build_recipe
+    from ray_layout.model.spec import build_recipe
 
     odd = build_recipe(
         {"num_layers": 15, "hidden_size": 2048, "num_attention_heads": 16, "seq_length": 4096,

@@ -8,12 +8,13 @@ import pytest
 
 from launchers.emulated_megatron import load_profile
 from launchers.megatron import ProfileSettings
-from ray_layout.fit import fit_costs
-from ray_layout.ingest import observations_from_store
-from ray_layout.layout import Layout
-from ray_layout.model import ConfigError, load_recipe_file, with_parallel
-from ray_layout.profiling import Backend, LayoutRun, RunOptions, rank_command, run_layouts
-from ray_layout.store import CostStore
+from ray_layout.errors import ConfigError
+from ray_layout.measure.fit import fit_costs
+from ray_layout.measure.ingest import observations_from_store
+from ray_layout.measure.store import CostStore
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import load_recipe_file, with_parallel
+from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, rank_command, run_layouts
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 PROFILE = Path("cluster_configs/hardware/h200_emulated.yaml")
@@ -66,7 +67,7 @@ def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_pat
 
 
 def test_profile_command_refuses_a_megatron_backend_without_a_checkout(capsys):
-    from ray_layout.cli import main
+    from ray_layout.commands.cli import main
 
     assert main(["profile", "configs/handbook_7b_a1b.yaml", "--pp", "4", "--backend", "megatron",
                  "--store", "unused"]) == 2  # fmt: skip

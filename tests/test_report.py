@@ -15,10 +15,10 @@ import pytest
 from rich.console import Console
 from scipy.stats import spearmanr
 
-from ray_layout.costs import load_costs
-from ray_layout.layout import Layout
-from ray_layout.loading import load_recipe
-from ray_layout.report import (
+from ray_layout.model.costs import load_costs
+from ray_layout.model.layout import Layout
+from ray_layout.model.loading import load_recipe
+from ray_layout.report.tune_report import (
     ArmOutcome,
     TuneSummary,
     build_document,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_layout.model import ParallelConfig, build_recipe, load_recipe_file
-from ray_layout.sizing import (
+from ray_layout.model.sizing import (
     GRAD_BYTES,
     OPTIMIZER_BYTES,
     WEIGHT_BYTES,
@@ -16,6 +15,7 @@ from ray_layout.sizing import (
     training_flops_per_iteration,
     unit_sizes,
 )
+from ray_layout.model.spec import ParallelConfig, build_recipe, load_recipe_file
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 
@@ -30,7 +30,7 @@ def test_handbook_parameter_counts():
 
 def megatron_flops(args: dict, batch: int) -> float:
     """``num_floating_point_operations`` as written in Megatron's training.py (GQA branch),
-    typed in independently of ray_layout.sizing."""
+    typed in independently of ray_layout.model.sizing."""
     h, s, layers = args["hidden_size"], args["seq_length"], args["num_layers"]
     pattern = args["pattern"]
     mtp = args["mtp"]

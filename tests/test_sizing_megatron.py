@@ -1,4 +1,4 @@
-"""Cross-check the analytic parameter counts of ``ray_layout.sizing`` against megatron-core.
+"""Cross-check the analytic parameter counts of ``ray_layout.model.sizing`` against megatron-core.
 
 Each configuration is built twice: once as a :class:`ModelSpec` through ``build_recipe`` and
 once as megatron-core's own ``GPTModel`` (local layer spec, CPU, TP = PP = 1).  The whole-model
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ray_layout import sizing
-from ray_layout.model import ModelSpec, build_recipe
+from ray_layout.model import sizing
+from ray_layout.model.spec import ModelSpec, build_recipe
 from tests.megatron_oracle import (
     MEGATRON_CPU_WARNINGS,
     build_gpt_model,

@@ -6,7 +6,8 @@ import itertools
 
 import pytest
 
-from ray_layout.layout import Layout, LayoutError, placement_problems, validate
+from ray_layout.errors import LayoutError
+from ray_layout.model.layout import Layout, placement_problems, validate
 from search.space import LayoutSpace
 from tests.test_layout import megatron_verdict
 

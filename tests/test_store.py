@@ -15,8 +15,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from ray_layout.model import ConfigError
-from ray_layout.store import RUN_DATA_TABLES, SCHEMA_VERSION, TABLE_SCHEMAS, CostStore
+from ray_layout.errors import ConfigError
+from ray_layout.measure.store import RUN_DATA_TABLES, SCHEMA_VERSION, TABLE_SCHEMAS, CostStore
 
 SPAWN = multiprocessing.get_context("spawn")
 RUN = {"run_id": "r1", "content_hash": "h1", "status": "finished", "layout": "Et*2|tL", "pp": 2}

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ray_layout.abtest import ABConfig
-from ray_layout.costs import load_costs
-from ray_layout.layout import Layout
-from ray_layout.loading import load_recipe
-from ray_layout.model import with_parallel
-from ray_layout.profiling import Backend
-from ray_layout.store import CostStore
-from ray_layout.tune import TuneSettings, choose_arms, main, paste_flags, run_tune, study_id
+from ray_layout.ab.stats import ABConfig
+from ray_layout.commands.tune import main
+from ray_layout.driver.tune import TuneSettings, choose_arms, paste_flags, run_tune, study_id
+from ray_layout.measure.store import CostStore
+from ray_layout.model.costs import load_costs
+from ray_layout.model.layout import Layout
+from ray_layout.model.loading import load_recipe
+from ray_layout.model.spec import with_parallel
+from ray_layout.runtime.profiling import Backend
 from search.planner import PlanOptions, SearchSpec, plan
 from tests.conftest import GPUS_PER_NODE, NODES
 
@@ -260,7 +261,7 @@ def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
 def test_a_large_space_is_searched_on_ray_tasks_with_the_same_top(
     ray_cluster, tmp_path, monkeypatch
 ):
-    import ray_layout.tune as tune
+    import ray_layout.driver.tune as tune
 
     recipe = with_parallel(HANDBOOK, pp=4)
     costs = load_costs("configs/costs/handbook_h200_example.json")

@@ -9,7 +9,8 @@ cuts the units as evenly as possible, earlier stages taking the remainder.
 
 from __future__ import annotations
 
-from ray_layout.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, LayoutError
+from ray_layout.errors import LayoutError
+from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout
 
 
 def megatron_default(

@@ -7,9 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from ray_layout.hf_config import load_hf_config
-from ray_layout.megatron_args import load_megatron_command_line, load_megatron_script
-from ray_layout.model import ConfigError, Recipe, load_recipe_file
+from ray_layout.errors import ConfigError
+from ray_layout.model.hf_config import load_hf_config
+from ray_layout.model.megatron_args import load_megatron_command_line, load_megatron_script
+from ray_layout.model.spec import Recipe, load_recipe_file
 
 
 def load_recipe(source: str) -> Recipe:

@@ -20,15 +20,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.optimize import minimize_scalar, nnls
 
-from ray_layout.costs import UnitCosts, costs_from_flops
-from ray_layout.layout import Layout
-from ray_layout.megatron_log_format import P2P_TIMER_OF_CALL
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig
-from ray_layout.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes, unit_sizes
+from ray_layout.errors import ConfigError
+from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
+from ray_layout.model.costs import UnitCosts, costs_from_flops
+from ray_layout.model.layout import Layout
+from ray_layout.model.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes, unit_sizes
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.space import LayoutSpace
 
 if TYPE_CHECKING:
-    from ray_layout.megatron_logs import MemoryRecord, ParsedLog, TimerRecord
+    from ray_layout.measure.logs import MemoryRecord, ParsedLog, TimerRecord
 
 PAIR = "m+L"  # the MTP layers and the loss, fitted as one unit when never measured apart
 RESIDUAL_WARNING = 0.05

@@ -20,10 +20,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ray_layout.baselines import count_based, megatron_default
-from ray_layout.costs import UnitCosts, costs_from_flops, load_costs, save_costs
-from ray_layout.fit import fit_costs, observation_from_log, profile_design
-from ray_layout.ingest import (
+from ray_layout.commands.common import OneLineErrorParser, add_parallel_flags, recipe_from_args
+from ray_layout.errors import EXIT_BAD_INPUT, ConfigError, LayoutError
+from ray_layout.measure.fit import fit_costs, observation_from_log, profile_design
+from ray_layout.measure.ingest import (
     LoggedRun,
     ingest,
     microbatches_of,
@@ -31,12 +31,13 @@ from ray_layout.ingest import (
     parse_run_argument,
     record_fit,
 )
-from ray_layout.layout import Layout, LayoutError, placement_problems, pretty, validate
-from ray_layout.loading import load_recipe
-from ray_layout.megatron_logs import parse_log_file
-from ray_layout.model import ConfigError, Recipe, with_parallel
-from ray_layout.plots import draw_timeline
-from ray_layout.sizing import (
+from ray_layout.measure.logs import parse_log_file
+from ray_layout.measure.store import CostStore
+from ray_layout.model.baselines import count_based, megatron_default
+from ray_layout.model.costs import UnitCosts, costs_from_flops, load_costs, save_costs
+from ray_layout.model.layout import Layout, check_interleaving, placement_problems, pretty, validate
+from ray_layout.model.loading import load_recipe
+from ray_layout.model.sizing import (
     DECODER,
     StageSize,
     parameter_count,
@@ -44,24 +45,14 @@ from ray_layout.sizing import (
     static_memory,
     unit_sizes,
 )
-from ray_layout.store import CostStore
+from ray_layout.model.spec import Recipe
+from ray_layout.report.plots import draw_timeline
 from search.planner import Candidate, Plan, PlanOptions, SearchSpec, plan, simulate_given
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
 
-EXIT_BAD_INPUT = 2
 GIB = 2**30
 FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed by --costs flops
-
-
-def check_interleaving(pp: int, vpp: int, overlap_p2p_comm: bool = False) -> None:
-    """``arguments.py:validate_args``: interleaving needs PP > 2, or PP > 1 with p2p overlap."""
-    if vpp > 1 and pp <= (1 if overlap_p2p_comm else 2):
-        raise LayoutError(
-            f"Megatron's interleaved schedule (VPP={vpp}) needs PP > 2"
-            + ("" if overlap_p2p_comm else " (PP > 1 with --overlap-p2p-communication)")
-            + f", got PP={pp}"
-        )
 
 
 def _billions(count: float) -> str:
@@ -78,26 +69,6 @@ def _default_or_count_layout(recipe: Recipe) -> tuple[Layout, str]:
             raise
         layout = count_based(m.num_layers, m.mtp_num_layers, p.pp)
         return layout, f"count-based rule; {exc}"
-
-
-def _recipe_from_args(args: argparse.Namespace) -> Recipe:
-    recipe = load_recipe(args.config)
-    overrides = {
-        "tp": args.tp,
-        "pp": args.pp,
-        "vpp": args.vpp,
-        "cp": args.cp,
-        "ep": args.ep,
-        "etp": args.etp,
-        "dp": args.dp,
-        "micro_batch_size": args.micro_batch_size,
-        "global_batch_size": args.global_batch_size,
-    }
-    if args.seq_length is not None:
-        if args.seq_length < 1:
-            raise ConfigError(f"--seq-length must be >= 1, got {args.seq_length}")
-        recipe = replace(recipe, model=replace(recipe.model, seq_length=args.seq_length))
-    return with_parallel(recipe, **overrides)
 
 
 def size_report(recipe: Recipe, layout: Layout, layout_source: str) -> dict[str, Any]:
@@ -190,7 +161,7 @@ def print_size(report: dict[str, Any], console: Console) -> None:
 
 
 def cmd_size(args: argparse.Namespace, console: Console) -> None:
-    recipe = _recipe_from_args(args)
+    recipe = recipe_from_args(args)
     if args.layout:
         layout, source = Layout.parse(args.layout, recipe.parallel.pp), "given"
     else:
@@ -457,7 +428,7 @@ def _sweep_vpp(args: argparse.Namespace, recipe: Recipe, costs: UnitCosts, conso
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> None:
-    recipe = _recipe_from_args(args)
+    recipe = recipe_from_args(args)
     costs = _costs_from_args(args, recipe)
     if args.sweep_vpp:
         _sweep_vpp(args, recipe, costs, console)
@@ -485,7 +456,7 @@ def _start_ray(address: str | None, shards: int) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace, console: Console) -> None:
-    recipe = _recipe_from_args(args)
+    recipe = recipe_from_args(args)
     layout = Layout.parse(args.layout, recipe.parallel.pp)
     validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
     recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
@@ -528,7 +499,7 @@ def cmd_simulate(args: argparse.Namespace, console: Console) -> None:
 
 
 def cmd_profile_layouts(args: argparse.Namespace, console: Console) -> None:
-    recipe = _recipe_from_args(args)
+    recipe = recipe_from_args(args)
     guess = _costs_from_args(args, recipe) if args.costs else costs_from_flops(
         recipe.model, recipe.parallel, FLOPS_TFLOPS)  # fmt: skip
     spec, _ = _search_from_args(args, replace(recipe, parallel=replace(recipe.parallel, vpp=1)))
@@ -576,7 +547,7 @@ def _logged_runs(args: argparse.Namespace, recipe: Recipe) -> list[LoggedRun]:
 
 
 def cmd_ingest(args: argparse.Namespace, console: Console) -> None:
-    recipe = _recipe_from_args(args)
+    recipe = recipe_from_args(args)
     results = ingest(CostStore(args.store), recipe.model, _logged_runs(args, recipe), args.study)
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=2))
@@ -591,7 +562,7 @@ def cmd_ingest(args: argparse.Namespace, console: Console) -> None:
 
 
 def cmd_fit(args: argparse.Namespace, console: Console) -> None:
-    recipe = _recipe_from_args(args)
+    recipe = recipe_from_args(args)
     if bool(args.run) == bool(args.store):
         raise ConfigError("give the runs either as --run LAYOUT=PATH or from --store DIR")
     if args.store:
@@ -644,10 +615,10 @@ def cmd_profile(args: argparse.Namespace, console: Console) -> None:
     from pathlib import Path
 
     from launchers.megatron import ProfileSettings
-    from ray_layout.cluster import connected
-    from ray_layout.profiling import Backend, LayoutRun, RunOptions, run_layouts
+    from ray_layout.runtime.cluster import connected
+    from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, run_layouts
 
-    recipe = _recipe_from_args(args)
+    recipe = recipe_from_args(args)
     backend = Backend(
         args.backend,
         megatron_path=Path(args.megatron_path) if args.megatron_path else None,
@@ -708,23 +679,6 @@ def _add_search_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")  # fmt: skip
 
 
-def _add_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("parallel sizes (override the config's)")
-    for flag in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp"):
-        group.add_argument(f"--{flag}", type=int, help=f"{flag.upper()} size")
-    group.add_argument("--micro-batch-size", type=int)
-    group.add_argument("--global-batch-size", type=int)
-    parser.add_argument("--seq-length", type=int, help="training sequence length override")
-
-
-class OneLineErrorParser(argparse.ArgumentParser):
-    """Usage mistakes end in one line naming the problem (and exit 2), like every other error."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: {self.prog}: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_INPUT)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="python -m ray_layout",
@@ -735,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     size = commands.add_parser("size", help="parameters, FLOPs and memory per unit and stage")
     size.add_argument("config", help=config_help)
-    _add_parallel_flags(size)
+    add_parallel_flags(size)
     size.add_argument("--layout", help="size this layout instead of Megatron's default")
     size.add_argument("--json", action="store_true", help="print JSON")
     size.set_defaults(handler=cmd_size)
@@ -762,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     planner = commands.add_parser("plan", help="rank every valid layout by simulated step time")
     planner.add_argument("config", help=config_help)
-    _add_parallel_flags(planner)
+    add_parallel_flags(planner)
     _add_search_flags(planner)
     planner.add_argument("--top", type=int, default=10, help="how many layouts to show")
     planner.add_argument("--allow-empty-stages", action="store_true")
@@ -776,7 +730,7 @@ def build_parser() -> argparse.ArgumentParser:
         "profile-layouts", help="the fewest profiling runs that identify every unit's cost"
     )
     profile.add_argument("config", help=config_help)
-    _add_parallel_flags(profile)
+    add_parallel_flags(profile)
     profile.add_argument("--costs", help="a guess to rank runs by speed (default: FLOPs)")
     profile.add_argument("--micro-batches", type=int)
     profile.add_argument("--group-size", type=int, help=argparse.SUPPRESS)
@@ -795,7 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingester = commands.add_parser("ingest", help="store Megatron logs of runs made elsewhere")
     ingester.add_argument("config", help=config_help)
-    _add_parallel_flags(ingester)
+    add_parallel_flags(ingester)
     ingester.add_argument(
         "--run",
         action="append",
@@ -811,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     fitter = commands.add_parser("fit", help="fit per-unit costs from profiling runs")
     fitter.add_argument("config", help=config_help)
-    _add_parallel_flags(fitter)
+    add_parallel_flags(fitter)
     fitter.add_argument("--store", help="fit the runs of a study in this cost store")
     fitter.add_argument("--study", default="default")
     fitter.add_argument(
@@ -833,7 +787,7 @@ def build_parser() -> argparse.ArgumentParser:
         "profile", help="run profiling runs on Ray (emulated or Megatron-LM) into the store"
     )
     runner.add_argument("config", help=config_help)
-    _add_parallel_flags(runner)
+    add_parallel_flags(runner)
     runner.add_argument("--layout", action="append", help="default: what profile-layouts picks")
     runner.add_argument("--backend", choices=("emulated", "megatron"), default="emulated")
     runner.add_argument(
@@ -856,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("simulate", help="simulate one layout's step in detail")
     sim.add_argument("config", help=config_help)
     sim.add_argument("layout", help="e.g. 'Et*5|t*6|t*5|mL'")
-    _add_parallel_flags(sim)
+    add_parallel_flags(sim)
     _add_search_flags(sim)
     sim.add_argument("--timeline", help="write a Gantt chart (PNG, SVG or PDF)")
     sim.set_defaults(handler=cmd_simulate)

@@ -79,8 +79,9 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ray_layout.model import ConfigError, ParallelConfig
-from ray_layout.store import CostStore
+from ray_layout.errors import ConfigError
+from ray_layout.measure.store import CostStore
+from ray_layout.model.spec import ParallelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ _SETTLE_S = 2.0  # after a rank fails, how long its peers get to print why they 
 _TAIL_LINES = 50
 _MAX_LINE = 500  # characters kept of one line in errors and tails
 
-# Megatron's iteration line (docs/megatron.md section 4), as ray_layout.megatron_logs reads it.
+# Megatron's iteration line (docs/megatron.md section 4), as ray_layout.measure.logs reads it.
 _ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+\s*\|")
 _MARKS = (
     ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ray_layout.model import ConfigError
+from ray_layout.errors import ConfigError
 
 SCHEMA_VERSION = 1
 STALE_CLAIM_S = 600.0

@@ -2,7 +2,7 @@
 
 One path for both backends: the same ``pretrain_gpt.py`` argument list
 (``launchers.megatron.megatron_arguments``) runs either Megatron-LM's script from a checkout or
-``launchers.emulated_megatron`` with a hardware profile; ``ray_layout.cluster`` places and
+``launchers.emulated_megatron`` with a hardware profile; ``ray_layout.runtime.cluster`` places and
 watches the ranks; the last rank's log (the one Megatron prints the timers on) is ingested.
 """
 
@@ -21,7 +21,12 @@ from launchers.megatron import (
     megatron_command,
     rank_environment,
 )
-from ray_layout.cluster import (
+from ray_layout.errors import ConfigError
+from ray_layout.measure.ingest import Ingested, LoggedRun, ingest
+from ray_layout.measure.store import CostStore
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import Recipe
+from ray_layout.runtime.cluster import (
     CANCELLED,
     FINISHED,
     STOPPED,
@@ -31,12 +36,8 @@ from ray_layout.cluster import (
     attempt_id,
     run_many,
 )
-from ray_layout.ingest import Ingested, LoggedRun, ingest
-from ray_layout.layout import Layout
-from ray_layout.model import ConfigError, Recipe
-from ray_layout.store import CostStore
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EMULATED = "emulated"
 MEGATRON = "megatron"
 
@@ -172,7 +173,7 @@ def run_layouts(
     def rank_env(rank: int, world: int, addr: str, port: int, gpus: list[int]) -> dict[str, str]:
         """Megatron's rank environment (CUDA_DEVICE_MAX_CONNECTIONS with TP or CP > 1, ...);
         the cluster then sets the device variables itself. Ranks fill nodes in order,
-        ``gpus_per_node`` at a time (``ray_layout.cluster.rank_order``)."""
+        ``gpus_per_node`` at a time (``ray_layout.runtime.cluster.rank_order``)."""
         return rank_environment(rank, world, addr, port, gpus, recipe.parallel, base={}) | {
             "RAY_LAYOUT_NODE_RANK": str(rank // options.gpus_per_node)
         }

@@ -1,6 +1,6 @@
 """The live A/B test: the top layouts and both baselines run on the cluster, judged as they go.
 
-The statistics are :mod:`ray_layout.abtest` (pure); this is the shell around them.  Every arm
+The statistics are :mod:`ray_layout.ab.stats` (pure); this is the shell around them.  Every arm
 is one run of ``config.max_iterations`` iterations (``profiling.run_layouts`` puts them side by
 side where the cluster has room, else in rounds, best predictions first).  A watch per arm reads
 the iteration lines of its last rank as they come and, under one lock, asks
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ray_layout.abtest import (
+from ray_layout.ab.stats import (
     ABConfig,
     ArmCost,
     ArmTrace,
@@ -40,11 +40,11 @@ from ray_layout.abtest import (
     final_decisions,
     steady_steps,
 )
-from ray_layout.cluster import FINISHED, STOPPED, Watch
-from ray_layout.layout import Layout
-from ray_layout.megatron_logs import parse_iteration_line
-from ray_layout.profiling import LayoutRun, ProfiledRun
-from ray_layout.store import CostStore
+from ray_layout.measure.logs import parse_iteration_line
+from ray_layout.measure.store import CostStore
+from ray_layout.model.layout import Layout
+from ray_layout.runtime.cluster import FINISHED, STOPPED, Watch
+from ray_layout.runtime.profiling import LayoutRun, ProfiledRun
 
 GIB_PER_MB = 1 / 1024
 # Why the last arm standing ends early; a resumed test reads it back as "not a loss".

@@ -47,12 +47,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import special
 
-from ray_layout.model import ConfigError
+from ray_layout.errors import ConfigError
 
 CONTINUE, STOP, WIN, LOSE = "continue", "stop", "win", "lose"
 TERMINAL = frozenset({STOP, WIN, LOSE})  # actions after which an arm gets no more decisions
 
-# Failure classes of ray_layout.cluster (and "nan" from the live shell), as readable reasons.
+# Failure classes of ray_layout.runtime.cluster (and "nan" from the live shell), as reasons.
 FAILURE_REASONS = {
     "oom": "out of memory",
     "nan": "NaN loss or step time",

@@ -17,9 +17,7 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A model or parallel configuration that cannot describe a real Megatron run."""
+from ray_layout.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig, read_mapping
-from ray_layout.sizing import (
+from ray_layout.errors import ConfigError
+from ray_layout.model.sizing import (
     DECODER,
     DENSE_DECODER,
     EMBEDDING,
@@ -34,6 +34,7 @@ from ray_layout.sizing import (
     decoder_unit,
     unit_sizes,
 )
+from ray_layout.model.spec import ModelSpec, ParallelConfig, read_mapping
 
 FORMAT = "ray_layout.costs/1"
 SOURCES = ("fit", "flops", "manual")

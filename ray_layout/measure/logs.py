@@ -23,7 +23,7 @@ from math import gcd
 from pathlib import Path
 from types import MappingProxyType
 
-from ray_layout.model import ConfigError
+from ray_layout.errors import ConfigError
 
 # ``training_log``'s timers_to_log: --timing-log-level 1, then what level 2 adds.
 LEVEL1_TIMERS = (

@@ -15,11 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_layout.fit import FitResult, RunObservation, observation_from_records
-from ray_layout.layout import Layout
-from ray_layout.megatron_logs import MemoryRecord, ParsedLog, TimerRecord, parse_log
-from ray_layout.model import ConfigError, ModelSpec, ParallelConfig
-from ray_layout.store import CostStore
+from ray_layout.errors import ConfigError
+from ray_layout.measure.fit import FitResult, RunObservation, observation_from_records
+from ray_layout.measure.logs import MemoryRecord, ParsedLog, TimerRecord, parse_log
+from ray_layout.measure.store import CostStore
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def observations_from_store(
 
 
 def record_fit(store: CostStore, study: str, result: FitResult, runs: Sequence[str]) -> None:
-    from ray_layout.costs import costs_to_dict
+    from ray_layout.model.costs import costs_to_dict
 
     now = time.time()
     store.write(

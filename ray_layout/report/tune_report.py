@@ -24,8 +24,9 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ray_layout import plots
-from ray_layout.layout import Layout, LayoutError, format_stages
+from ray_layout.errors import LayoutError
+from ray_layout.model.layout import Layout, format_stages
+from ray_layout.report import plots
 
 ROLE_CANDIDATE = "candidate"
 ROLE_DEFAULT = "Megatron default"
@@ -88,7 +89,7 @@ class TuneSummary:
     arms: tuple[ArmOutcome, ...]  # every layout considered for the A/B
     decisions: tuple[Mapping[str, Any], ...]  # arm, layout, look, action, reason, statistic, ...
     timelines: Mapping[str, Any]  # name -> search.planner.LayoutSimulation ("pick", ...)
-    unit_costs: Any  # ray_layout.costs.UnitCosts
+    unit_costs: Any  # ray_layout.model.costs.UnitCosts
     fit_warnings: tuple[str, ...]
     search: Mapping[str, Any]  # {"method": "enumeration", "valid_layouts": 816, ...}
     gpu_seconds_spent: float  # whole tune: profiling + A/B

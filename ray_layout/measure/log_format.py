@@ -1,7 +1,7 @@
 """Megatron's log lines, written exactly as core_v0.16.1 prints them.
 
 The emulated Megatron prints these, and tests build synthetic logs from known costs with them;
-``ray_layout.megatron_logs`` reads them back.  Formats: ``megatron/core/timers.py`` (timer
+``ray_layout.measure.logs`` reads them back.  Formats: ``megatron/core/timers.py`` (timer
 blocks, names dot-padded to 48 characters in the max/minmax forms), ``training.py:training_log``
 (the iteration line) and ``training/utils.py:report_memory`` (the memory line).
 """

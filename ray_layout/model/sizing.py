@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ray_layout.model import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 WEIGHT_BYTES = 2  # bf16 parameters
+GIB = 2**30  # bytes in a GiB: every memory figure ray_layout shows is in GiB
 GRAD_BYTES = 4  # fp32 main gradients
 OPTIMIZER_BYTES = 12  # fp32 master copy + Adam's two moments
 

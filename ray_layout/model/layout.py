@@ -12,16 +12,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ray_layout.errors import LayoutError
+
 EMBEDDING, DECODER, MTP, LOSS = "E", "t", "m", "L"
 SYMBOLS = frozenset("EtmL")
 MAX_EXPANDED_LENGTH = 1_000_000  # Megatron has no cap; a typo like t*99999999 should not hang us
 
 _GROUP_REPEAT = re.compile(r"\(([^)]+)\)\*(\d+)")
 _SYMBOL_REPEAT = re.compile(r"(.)\*(\d+)")
-
-
-class LayoutError(ValueError):
-    """A layout string or layout that Megatron would reject (or that we cannot use)."""
 
 
 def _unroll(pattern: re.Pattern[str], text: str) -> str:
@@ -195,3 +193,13 @@ def pretty(layout: Layout) -> str:
         chunks = [(_format_stage(s) or "-").ljust(width) for s in layout.rank_chunks(rank)]
         lines.append(f"PP rank {rank:>2}: " + "  ".join(chunks).rstrip())
     return "\n".join(lines)
+
+
+def check_interleaving(pp: int, vpp: int, overlap_p2p_comm: bool = False) -> None:
+    """``arguments.py:validate_args``: interleaving needs PP > 2, or PP > 1 with p2p overlap."""
+    if vpp > 1 and pp <= (1 if overlap_p2p_comm else 2):
+        raise LayoutError(
+            f"Megatron's interleaved schedule (VPP={vpp}) needs PP > 2"
+            + ("" if overlap_p2p_comm else " (PP > 1 with --overlap-p2p-communication)")
+            + f", got PP={pp}"
+        )

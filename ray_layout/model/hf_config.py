@@ -19,7 +19,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ray_layout.model import ConfigError, Recipe, build_recipe, read_mapping
+from ray_layout.errors import ConfigError
+from ray_layout.model.spec import Recipe, build_recipe, read_mapping
 
 DEFAULT_SEQ_LENGTH = 4096
 _QK_LAYERNORM = frozenset({"deepseek_v2", "deepseek_v3", "olmoe", "qwen3", "qwen3_moe"})

@@ -22,8 +22,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ray_layout.layout import LayoutError, parse_stages
-from ray_layout.model import MODEL_KEYS, ConfigError, Recipe, build_recipe
+from ray_layout.errors import ConfigError, LayoutError
+from ray_layout.model.layout import parse_stages
+from ray_layout.model.spec import MODEL_KEYS, Recipe, build_recipe
 
 _FLAG_TABLE = Path(__file__).parent / "data" / "megatron_args_core_v0.16.1.json"
 
