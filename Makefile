@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint format install
+.PHONY: run test test-quick lint format install
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,3 +33,7 @@ format: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The quick loop: everything but the end-to-end tests (Ray clusters, emulated Megatron ranks).
+test-quick: lint
+	$(BIN)/python -m pytest -q -m "not slow"

@@ -4,6 +4,7 @@ really fastest, does it know how fast that layout is, and does early stopping sa
     python benchmarks/bench_tune.py                  # the full benchmark (about 9 min on 2 cores)
     python benchmarks/bench_tune.py --quick          # the tune's arms + 3 layouts (about 6 min)
     python benchmarks/bench_tune.py --json out.json  # also write every number as JSON
+    python benchmarks/bench_tune.py --replay         # the A/B's spend by replay (seconds, no Ray)
 
 Setup: the handbook recipe (configs/handbook_7b_a1b.yaml) on PP=2 x DP=2 x EP=2 = 4 GPUs per
 run, global batch 32 (8 micro-batches), on an embedded local Ray cluster of 3 nodes x 4
@@ -30,6 +31,11 @@ Targets:
 
 ``--quick`` measures only the tune's arms and three more layouts, 10 iterations each: target 1
 is then against the best of those, not of every layout (the output says so).
+
+``--replay`` measures target 3 without a cluster: many A/B tests replayed side by side on
+synthetic arms shaped like the quickstart's (the pick, candidates 1% and 4% behind, the
+count-based rule 17%, Megatron's default 40%; 1% AR(1) jitter), the first looks from predictions
+equal to the true means, the costs of a run as this benchmark measured them on 2026-11-29.
 """
 
 from __future__ import annotations
@@ -51,20 +57,25 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+from scipy import signal
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from launchers.megatron import ProfileSettings  # noqa: E402
+from ray_layout.ab.cost import ArmCost, gpu_seconds, replayed_iterations  # noqa: E402
+from ray_layout.ab.decisions import replay, winner  # noqa: E402
 from ray_layout.ab.live import stored_steps  # noqa: E402
-from ray_layout.ab.stats import ABConfig  # noqa: E402
-from ray_layout.driver.tune import TuneSettings, run_tune, study_id  # noqa: E402
+from ray_layout.ab.schedule import Prediction, first_looks  # noqa: E402
+from ray_layout.ab.stats import ABConfig, ArmTrace  # noqa: E402
+from ray_layout.driver.settings import TuneSettings, study_id  # noqa: E402
+from ray_layout.driver.tune import run_tune  # noqa: E402
 from ray_layout.measure.store import CostStore  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.loading import load_recipe  # noqa: E402
 from ray_layout.model.spec import Recipe, with_parallel  # noqa: E402
-from ray_layout.report.tune_report import TuneSummary  # noqa: E402
+from ray_layout.report.summary import TuneSummary  # noqa: E402
 from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
 from search.planner import PlanOptions, SearchSpec, score_given  # noqa: E402
 from search.space import LayoutSpace  # noqa: E402
@@ -80,6 +91,84 @@ ITERS, QUICK_ITERS = 20, 10
 QUICK_EXTRA = 3  # layouts measured besides the tune's arms with --quick
 TARGET_PICK, TARGET_PREDICTION, TARGET_GPU = 0.01, 0.02, 0.5
 AB = ABConfig()  # the tune's A/B: its defaults
+
+
+# The replay's arms (step over the pick's) and costs: 4 GPUs a run, about 30 GPU-seconds of
+# start-up a run, 3.65 s emulated steps at time_scale 0.1 (0.41 s of wall clock), about 500
+# GPU-seconds of profiling, as the 2026-11-29 measurement below found them.
+REPLAY_ARMS = {"candidate-1": 1.0, "candidate-2": 1.01, "candidate-3": 1.04,
+               "default": 1.40, "count-based": 1.17}  # fmt: skip
+REPLAY_WORLD, REPLAY_STARTUP_S, REPLAY_STEP_MS, REPLAY_PROFILE_GPU_S = 4, 7.5, 410.0, 500.0
+REPLAY_CV, REPLAY_PHI = 0.01, 0.3  # step jitter and its lag-1 autocorrelation
+
+
+@dataclass(frozen=True)
+class ReplaySpend:
+    """What replayed A/B tests spent, one entry per replay."""
+
+    ratio: np.ndarray  # (profiling + A/B) over (profiling + every arm to its budget)
+    ab_ratio: np.ndarray  # the A/B alone, start-up included
+    pick_gap: np.ndarray  # the pick's true step over the best's, less 1
+    iterations: dict[str, np.ndarray]  # per arm, warm-up included
+    first_looks: dict[str, int]
+
+
+def ar1_noise(rng: np.random.Generator, shape: tuple[int, ...], phi: float) -> np.ndarray:
+    """Stationary AR(1) noise of unit variance along the last axis."""
+    shocks = rng.standard_normal(shape)
+    shocks[..., 0] /= math.sqrt(1 - phi**2)  # the first value alone has unit variance
+    return signal.lfilter([math.sqrt(1 - phi**2)], [1.0, -phi], shocks, axis=-1)
+
+
+def replay_spend(replays: int = 200, seed: int = 15, config: ABConfig = AB) -> ReplaySpend:
+    """Replay ``replays`` A/B tests of REPLAY_ARMS side by side (ray_layout.ab.decisions.replay)
+    and count what each spent (ray_layout.ab.cost.replayed_iterations)."""
+    names, ratios = list(REPLAY_ARMS), np.asarray(list(REPLAY_ARMS.values()))
+    predictions = {arm: Prediction(REPLAY_STEP_MS * r, REPLAY_CV) for arm, r in REPLAY_ARMS.items()}
+    early = first_looks(predictions, config)
+    rng = np.random.default_rng(seed)
+    noise = ar1_noise(rng, (replays, len(names), config.max_iterations), REPLAY_PHI)
+    steps = REPLAY_STEP_MS * ratios[None, :, None] * (1 + REPLAY_CV * noise)
+    spend, ab_only, gaps = [], [], []
+    ran = {arm: [] for arm in names}
+    for run in steps:
+        traces = [ArmTrace(arm, arm, tuple(row.tolist()), headroom_gib=10.0, critical_stages=2)
+                  for arm, row in zip(names, run, strict=True)]  # fmt: skip
+        decisions = replay(traces, config, early)
+        iterations = replayed_iterations(traces, decisions, config, early)
+        costs = [ArmCost(REPLAY_WORLD, REPLAY_STARTUP_S, t.steps_ms[: iterations[t.arm]],
+                         config.max_iterations) for t in traces]  # fmt: skip
+        spent, full = gpu_seconds(costs)
+        spend.append((REPLAY_PROFILE_GPU_S + spent) / (REPLAY_PROFILE_GPU_S + full))
+        ab_only.append(spent / full)
+        gaps.append(REPLAY_ARMS[winner(decisions).arm] - 1.0)
+        for arm in names:
+            ran[arm].append(iterations[arm])
+    return ReplaySpend(np.asarray(spend), np.asarray(ab_only), np.asarray(gaps),
+                       {arm: np.asarray(v) for arm, v in ran.items()}, early)  # fmt: skip
+
+
+def print_replay(console: Console, result: ReplaySpend) -> None:
+    ratio = result.ratio
+    console.print(
+        f"A/B spend by replay: {len(ratio)} tests of {len(REPLAY_ARMS)} arms side by side "
+        f"(first looks sooner: {result.first_looks or 'none'})",
+        highlight=False,
+    )
+    for arm, iterations in result.iterations.items():
+        console.print(f"  {arm} ({REPLAY_ARMS[arm]:.2f}x): iterations run median "
+                      f"{np.median(iterations):.0f}, 95th percentile "
+                      f"{np.percentile(iterations, 95):.0f} of {AB.max_iterations}",
+                      highlight=False)  # fmt: skip
+    within = float(np.mean(result.pick_gap <= TARGET_PICK + 1e-12))
+    console.print(
+        f"GPU-seconds ratio (profiling + A/B over profiling + every arm to its budget): median "
+        f"{np.median(ratio):.3f}, mean {np.mean(ratio):.3f}, 95th percentile "
+        f"{np.percentile(ratio, 95):.3f} (target under {TARGET_GPU}); the A/B alone "
+        f"{np.mean(result.ab_ratio):.3f}; pick within {TARGET_PICK:.0%} of the best in "
+        f"{within:.1%} of the tests (largest gap {np.max(result.pick_gap):.1%})",
+        highlight=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -407,7 +496,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--runs-at-once", type=int, help="the tune's runs side by side (default: as many as fit)"
     )
+    parser.add_argument(
+        "--replay", action="store_true", help="only the A/B's spend, by replay on synthetic arms"
+    )
     args = parser.parse_args(argv)
+    if args.replay:
+        print_replay(Console(width=150), replay_spend())
+        return 0
     if args.json:
         args.json = args.json.resolve()  # before the chdir below
     iters = args.iters or (QUICK_ITERS if args.quick else ITERS)
@@ -442,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from ray_layout.runtime.cluster import start_local_cluster
+    from ray_layout.runtime.local import start_local_cluster
 
     started = time.monotonic()
     cluster = start_local_cluster(nodes=NODES, gpus_per_node=GPUS_PER_NODE)

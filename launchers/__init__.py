@@ -1,1 +1,3 @@
-"""What runs on one rank: the Megatron command-line builder and the emulated Megatron (issue 5)."""
+"""What runs on one rank: Megatron-LM's ``pretrain_gpt.py`` command line and rank environment
+(``megatron``), and the emulated Megatron that stands in for it on CPUs (``emulated``, run as
+``python -m launchers.emulated_megatron``)."""

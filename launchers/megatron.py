@@ -13,13 +13,13 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ray_layout.errors import ConfigError, LayoutError
 from ray_layout.model.layout import Layout, validate
-from ray_layout.model.megatron_args import _CONVERTERS, _arity, _is_value, megatron_flag_table
+from ray_layout.model.megatron_args import typed_value, walk_flags
 from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig, Recipe
 
+ARGUMENTS_SOURCE = "pretrain_gpt.py arguments"  # how errors in an argument list name it
 _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 # Megatron rejects these together with a layout string: the layout alone sets the split and VPP.
 _SPLIT_FLAGS = (
@@ -96,34 +96,9 @@ def check_arguments(args: Sequence[str]) -> None:
     unknown flag, stray word, wrong number of values, value of the wrong type or value outside
     the flag's choices.  Values of Megatron's own converters (``--moe-layer-freq``, enums, ...)
     are not in the flag table and are not checked."""
-    table = megatron_flag_table()
-    i = 0
-    while i < len(args):
-        word = args[i]
-        i += 1
-        flag, has_inline, inline = word.partition("=")
-        entry = table.get(flag)
-        if entry is None:
-            if flag.startswith("-"):
-                raise ConfigError(f"unknown Megatron flag {flag}")
-            raise ConfigError(f"argument {word!r} is not a flag and follows no flag that takes it")
-        nargs = entry["nargs"]
-        if nargs == 0:
-            if has_inline:
-                raise ConfigError(f"{flag} takes no value, got {word!r}")
-            continue
-        least, most = _arity(nargs)
-        if has_inline:
-            values = [inline]
-        else:
-            end = i
-            while end < len(args) and (most is None or end - i < most) and _is_value(args[end]):
-                end += 1
-            values, i = args[i:end], end
-        if len(values) < least:
-            raise ConfigError(f"{flag} expects {least} value(s), got {len(values)}")
-        for text in values:
-            _check_value(flag, entry, text)
+    for use in walk_flags(args, ARGUMENTS_SOURCE, strict=True):
+        for text in use.values:
+            typed_value(use, text, ARGUMENTS_SOURCE)
 
 
 def megatron_command(python: str, megatron_path: Path, arguments: Sequence[str]) -> list[str]:
@@ -201,19 +176,6 @@ def _check_layout(recipe: Recipe, layout: Layout) -> None:
         validate(layout, m.num_layers, m.mtp_num_layers)
     except LayoutError as exc:
         raise ConfigError(f"layout {layout}: {exc}") from None
-
-
-def _check_value(flag: str, entry: dict[str, Any], text: str) -> None:
-    convert = _CONVERTERS.get(entry["type"])
-    if convert is None:
-        return
-    try:
-        value = convert(text)
-    except ValueError:
-        raise ConfigError(f"{flag} needs a value of type {entry['type']}, got {text!r}") from None
-    if entry["choices"] is not None and value not in entry["choices"]:
-        choices = ", ".join(map(str, entry["choices"]))
-        raise ConfigError(f"{flag} must be one of {choices}, got {text!r}")
 
 
 def _flags(values: Mapping[str, object]) -> list[str]:

@@ -1,3 +1,3 @@
-from ray_layout.commands.cli import main
+from ray_layout.commands.main import main
 
 raise SystemExit(main())

@@ -1,10 +1,10 @@
 """Score batches of layouts: stage costs, simulated step (noise-free and Monte Carlo), memory.
 
 Layouts arrive as unit counts per flat stage, ``counts[n, stage, unit]``; every cost is linear in
-them, so a batch of thousands of layouts turns into a few matrix products and one
-:func:`search.schedule.simulate` call.  Monte Carlo noise uses common random numbers: the same
-standard normals for every layout of a run, so that comparisons between layouts are not swamped by
-sampling noise and a layout scores the same whichever shard evaluates it.
+them, so a batch of thousands of layouts turns into a few matrix products and one run of the
+straight-line recurrence (``search.recurrence``).  Monte Carlo noise uses common random numbers:
+the same standard normals for every layout of a run, so that comparisons between layouts are not
+swamped by sampling noise and a layout scores the same whichever shard evaluates it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from search.cost_model import CostModel
-from search.schedule import Program, simulate
-
-NEAR_BOTTLENECK = 0.02  # a rank within 2% of the slowest counts as near the bottleneck
+from search.recurrence import step_ms
+from search.schedule import Program
+from search.ties import critical_ranks
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,7 @@ class Scores:
 
     @property
     def near_bottleneck(self) -> np.ndarray:
-        peak = self.rank_load_ms.max(axis=1, keepdims=True)
-        return (self.rank_load_ms >= (1 - NEAR_BOTTLENECK) * peak).sum(axis=1)
+        return critical_ranks(self.rank_load_ms)
 
     @property
     def peak_memory_bytes(self) -> np.ndarray:
@@ -84,10 +83,10 @@ def score(program: Program, model: CostModel, counts: np.ndarray) -> Scores:
     forward, backward = stage_times(model, counts)
     tail = tail_ms(model, counts, program.pp)
     standalone = _standalone_rank(counts, model, program.pp).any(axis=1)
-    times = simulate(program, forward.T, backward.T, model.p2p_ms, tail.T)
+    step = step_ms(program, forward.T, backward.T, model.p2p_ms, tail.T)
     factor = np.where(standalone, model.mtp_standalone_factor, 1.0)
     return Scores(
-        noise_free_ms=times.step * factor,
+        noise_free_ms=step * factor,
         rank_load_ms=_per_rank(forward + backward, program.pp),
         memory_bytes=memory(model, counts, program.pp),
         standalone=standalone,
@@ -119,7 +118,7 @@ def monte_carlo(
     noise = np.exp(op_sigma[:, :, None] * normals[:, None, :] - op_sigma[:, :, None] ** 2 / 2)
     repeat = np.repeat(np.arange(n), samples)
     tail = tail_ms(model, counts, program.pp)
-    times = simulate(
+    step = step_ms(
         program,
         forward.T[:, repeat],
         backward.T[:, repeat],
@@ -129,4 +128,4 @@ def monte_carlo(
     )
     standalone = _standalone_rank(counts, model, program.pp).any(axis=1)
     factor = np.where(standalone, model.mtp_standalone_factor, 1.0)
-    return times.step.reshape(n, samples) * factor[:, None]
+    return step.reshape(n, samples) * factor[:, None]

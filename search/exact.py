@@ -1,213 +1,192 @@
-"""Exact search for layout spaces too large to enumerate (DeepSeek-V3: ~1e14 layouts on PP=16).
+"""Exact search: branch and bound over stage boundaries, for spaces too large to enumerate.
 
-Branch and bound over the stage boundaries, in Megatron's flat stage order.  A lower bound on the
-noise-free step of every layout below a node prunes it once the bound is no better than the k-th
-best step simulated so far, so the search returns the true top k under the cost model, and the
-smallest bound it pruned on proves that nothing it skipped is faster.
+The search descends Megatron's flat stage order one boundary at a time.  A lower bound on the
+noise-free step of every layout below a node (``search.bounds``) prunes it once the bound is
+above the ``top``-th best distinct prediction found so far, so the search returns the true top
+``top`` predictions under the cost model, every layout that shares one of them (ties counted,
+not pruned), and the smallest bound it pruned on: no layout it did not return is faster.  The
+leaves of a node are simulated in batches by the straight-line recurrence.
 
-The bound for a complete layout, per rank r: rank r cannot start before the first micro-batch's
-forward has crossed the chunk-0 stages before it, then runs its M micro-batches of work back to
-back, and its last backward (of chunk 0) must still cross those stages back to rank 0:
-``F_<r + M * load_r + B_<r`` (with the p2p hops).  Inside the tree the loads are partial, and the
-work still unplaced is spread by water-filling over the ranks that still have stages to fill.
+It starts from balanced layouts walked downhill one boundary move at a time, so pruning starts
+from a good incumbent.  Out of time, it stops and the bound still holds: the report says how far
+from optimal the pick can be.  ``shard`` / ``num_shards`` split the tree by its first two
+boundaries, so shards together search exactly what one process does.
 """
 
 from __future__ import annotations
 
-import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from search.evaluate import CostModel, memory, score
-from search.schedule import BACKWARD, Program, compute_order
+from ray_layout.model.sizing import GIB
+from search.bounds import (
+    PRUNE_TOLERANCE_MS,
+    InterleavedBound,
+    item_sums,
+    level_of,
+    one_f_one_b_paths,
+    settled_levels,
+    suffix_minmax,
+)
+from search.evaluate import CostModel, score, stage_times, tail_ms
+from search.incumbent import downhill, seed_cuts
+from search.paths import CutBounds, PathCut, critical_paths
+from search.progress import ProgressClock
+from search.relaxation import Relaxation, relax
+from search.schedule import Program
 from search.space import LayoutSpace
+from search.ties import TieClass, critical_ranks, merge_classes, prediction_key, tie_classes
 
-GIB = 2**30
+CUTS = 12  # critical paths of the best incumbents, used as bounds for every layout
+RELAXATION_SHARE, RELAXATION_LIMIT_S = 0.8, 6.0  # of the time limit: the interleaved LP bound
 
 
 @dataclass(frozen=True)
 class ExactResult:
-    cuts: np.ndarray  # (k, S - 1) the top layouts' cut points, best first
-    steps: np.ndarray  # (k,) their noise-free step times
-    proven_bound_ms: float  # every layout not returned has a step time >= this
+    classes: tuple[TieClass, ...]  # the top distinct predictions, best first, ties counted
+    proven_bound_ms: float  # every layout outside those classes takes at least this
     simulated: int  # layouts simulated
     nodes: int  # search-tree nodes visited
     rejected_memory: int
-    complete: bool  # the tree was searched to the end (else the node budget ran out)
+    complete: bool  # the tree was searched to the end (else the budget ran out)
+    relaxation: Relaxation | None = None  # interleaved: the fractional-layout bound
+    bound_reason: str = ""  # what the proven bound is, when it leaves a gap
 
     @property
     def gap(self) -> float:
-        """How much faster than the k-th layout found an unseen layout could still be."""
-        return max(0.0, 1.0 - self.proven_bound_ms / self.steps[-1]) if len(self.steps) else 0.0
+        """How much faster than the pick an unseen layout could still be (0: proven optimal)."""
+        if not self.classes:
+            return 0.0
+        return max(0.0, 1.0 - self.proven_bound_ms / self.classes[0].step_ms)
 
 
-def _item_costs(model: CostModel, space: LayoutSpace):
-    """Per item (E, each decoder layer, the MTP block, L): forward, backward and step-tail ms."""
-    per_item = space.item_counts(model.units, model.moe_pattern)
-    tail = per_item @ model.tail_params * model.tail_ms_per_gparam
-    return per_item @ model.forward_ms, per_item @ model.backward_ms, tail
+def _critical_paths(
+    space: LayoutSpace, program: Program, model: CostModel, layouts: list[tuple[int, ...]]
+) -> list[tuple[np.ndarray, list[PathCut]]]:
+    """Per layout: when each rank ends, and the longest path to each rank's end."""
+    counts = space.unit_counts(np.array(layouts, dtype=np.int64), model.units, model.moe_pattern)
+    forward, backward = stage_times(model, counts)
+    tails = tail_ms(model, counts, space.pp)
+    return [critical_paths(program, forward[row], backward[row], model.p2p_ms, tails[row])
+            for row in range(len(layouts))]  # fmt: skip
 
 
-def _water_levels(
-    values: np.ndarray, open_ranks: np.ndarray, work: np.ndarray, rates: np.ndarray | None = None
-) -> np.ndarray:
-    """(n,) the lowest T per row such that raising each open rank's value to T absorbs
-    ``work`` (rank r's value rises ``rates[r]`` per unit of work it takes); never below the
-    row's highest value."""
-    highest = values.max(axis=1)
-    if not open_ranks.any():
-        return highest
-    rates = np.ones(values.shape[1]) if rates is None else rates
-    order = np.argsort(values[:, open_ranks], axis=1)
-    levels = np.take_along_axis(values[:, open_ranks], order, axis=1)
-    inverse = (1.0 / rates[open_ranks])[order]
-    level = (work[:, None] + np.cumsum(levels * inverse, axis=1)) / np.cumsum(inverse, axis=1)
-    upper = np.concatenate([levels[:, 1:], np.full((len(levels), 1), np.inf)], axis=1)
-    fits = level <= upper  # the j-th candidate level stays below the next rank's value
-    water = level[np.arange(len(levels)), fits.argmax(axis=1)]
-    return np.maximum(water, highest)
+def _bound_reason(search: _Search, relaxation: Relaxation | None) -> str:
+    """Which bound leaves the gap, and why it is not closed."""
+    proven = max(search.pruned, relaxation.bound_ms if relaxation is not None else -np.inf)
+    if proven >= min(search.classes, default=np.inf):  # the pick is proven optimal
+        return ""
+    if relaxation is not None and search.pruned <= relaxation.bound_ms + PRUNE_TOLERANCE_MS:
+        state = (
+            "its optimum" if relaxation.converged else f"{relaxation.rounds} rounds, unconverged"
+        )
+        return (f"the LP relaxation binds ({state}, {relaxation.paths} schedule paths): even "
+                f"with fractional stage boundaries no layout is faster than "
+                f"{relaxation.bound_ms:,.1f} ms; whether whole layers cost the rest, the branch "
+                f"and bound had no budget left to settle")  # fmt: skip
+    return (f"the search budget ended the branch and bound: subtrees left unexplored have "
+            f"path bounds from {search.pruned:,.1f} ms")  # fmt: skip
 
 
-def _serial_p2p(program: Program, p2p_ms: np.ndarray) -> np.ndarray:
-    """(PP,) time each rank must spend inside its p2p calls between its first and last call
-    (each call lasts at least its fastest transfer), which adds to its compute."""
-    totals = np.zeros(program.pp)
-    for op_id, transfers in enumerate(program.transfers):
-        rank = program.rank[op_id]
-        if transfers:
-            totals[rank] += min(p2p_ms[link] for _, link in transfers)
-    for rank in range(program.pp):  # the first and last calls overlap the fill and the drain
-        calls = [op for op in range(len(program.ops)) if program.rank[op] == rank and
-                 program.transfers[op]]  # fmt: skip
-        for op_id in {calls[0], calls[-1]} if calls else ():
-            totals[rank] -= min(p2p_ms[link] for _, link in program.transfers[op_id])
-    return totals
+def shard_of(cuts: tuple[int, ...], num_shards: int) -> int:
+    """The shard that owns a layout: by its first two boundaries (the split of the tree)."""
+    return sum(cuts[:2]) % num_shards
 
 
-def _one_f_one_b_stage_bounds(
-    program: Program,
-    f_prefix: np.ndarray,
-    b_prefix: np.ndarray,
-    tail_prefix: np.ndarray,
-    hops: np.ndarray,
-    serial_p2p: np.ndarray,
-    forwards_first: list[int],
-) -> list[np.ndarray]:
-    """[rank][a, b]: a lower bound on the step of any 1F1B layout whose stage r holds items
-    a..b-1 — with one chunk per rank, everything before the stage sits on earlier ranks and
-    everything after on later ones, so the stage alone fixes each term:
+class _Search:
+    """The state of one search: the best classes so far, the pruned bound, the budget."""
 
-    * fill: micro-batch 0 reaches the rank, then M micro-batches of its work and its p2p calls,
-      then its own step tail or the drain back to rank 0;
-    * first backward: micro-batch 0 goes forward through everything and back to the rank, which
-      then still has M backwards and M - q forwards, then the drain or its tail.
-    """
-    m = program.num_microbatches
-    n = len(f_prefix)
-    a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    forward = f_prefix[b] - f_prefix[a]
-    backward = b_prefix[b] - b_prefix[a]
-    tail = tail_prefix[b] - tail_prefix[a]
-    round_trip = 2 * hops[-1]
-    bounds = []
-    for rank in range(program.pp):
-        drain = b_prefix[a] + hops[rank]
-        after = max(0.0, 0.0)
-        fill = f_prefix[a] + hops[rank] + m * (forward + backward) + serial_p2p[rank]
-        first = (f_prefix[-1] + b_prefix[-1] - b_prefix[b] + round_trip - 2 * hops[rank]
-                 + m * backward + (m - forwards_first[rank]) * forward + after)  # fmt: skip
-        bound = np.maximum(fill, first) + np.maximum(tail, drain)
-        bounds.append(np.where(b > a, bound, np.inf))
-    return bounds
+    def __init__(self, space, program, model, top, hbm_gib, shard, num_shards, progress):
+        self.space, self.program, self.model = space, program, model
+        self.top, self.hbm_gib = top, hbm_gib
+        self.shard, self.num_shards = shard, num_shards
+        self.classes: dict[float, TieClass] = {}
+        self.outside: set[float] = set()  # predictions of seeds another shard owns
+        self.seed_ends: dict[tuple[int, ...], set[int]] = {}  # seeds, by their first cuts
+        self.pending: list[np.ndarray] = []
+        self.pending_rows = 0
+        self.simulated = self.nodes = self.rejected = 0
+        self.pruned = np.inf
+        self.out_of_time = False
+        self.clock = ProgressClock(progress)
+        self.limit = np.inf  # the top-th best prediction so far: prune what is slower
 
+    def _update_limit(self) -> None:
+        values = sorted(set(self.classes) | self.outside)
+        self.limit = values[self.top - 1] if len(values) >= self.top else np.inf
+        for value in [v for v in self.classes if v > self.limit]:
+            self.pruned = min(self.pruned, value)
+            del self.classes[value]
 
-def _suffix_minmax(
-    stage_bounds: list[np.ndarray], mtp_item: int | None, standalone: bool
-) -> list[np.ndarray]:
-    """[k][a]: the least possible largest stage bound over stages k.. when stage k starts at
-    item a (dynamic programming over the stage boundaries)."""
-    stages, n = len(stage_bounds), stage_bounds[0].shape[0]
-    best = [np.full(n, np.inf) for _ in range(stages + 1)]
-    best[stages][n - 1] = 0.0
-    for k in range(stages - 1, -1, -1):
-        table = np.maximum(stage_bounds[k], best[k + 1][None, :])
-        if k == stages - 1:
-            table = np.where(np.arange(n)[None, :] == n - 1, table, np.inf)
-            if mtp_item is not None and not standalone:
-                table[mtp_item + 1 :, :] = np.inf  # the last stage must hold the MTP block
-        elif mtp_item is not None and not standalone:
-            table[:, mtp_item + 1 :] = np.inf  # earlier stages end before the MTP block
-        best[k] = table.min(axis=1)
-    return best
+    def simulate(self, cuts: np.ndarray, owned: bool = True) -> np.ndarray:
+        """Score layouts and keep what can enter the top; returns their predictions."""
+        space, model = self.space, self.model
+        counts = space.unit_counts(cuts, model.units, model.moe_pattern)
+        scores = score(self.program, model, counts)
+        self.simulated += len(cuts)
+        fits = np.ones(len(cuts), dtype=bool)
+        if self.hbm_gib is not None:
+            fits = scores.peak_memory_bytes <= self.hbm_gib * GIB
+            self.rejected += int((~fits).sum()) if owned else 0
+        steps = scores.noise_free_ms
+        if not owned:
+            self.outside.update(prediction_key(steps[fits]).tolist())
+            self._update_limit()
+            return steps
+        keep = fits & (steps <= self.limit + PRUNE_TOLERANCE_MS)
+        if (fits & ~keep).any():
+            self.pruned = min(self.pruned, float(steps[fits & ~keep].min()))
+        if keep.any():
+            found = tie_classes(steps[keep], critical_ranks(scores.rank_load_ms[keep]),
+                                scores.peak_memory_bytes[keep], cuts[keep], space.layout_string,
+                                limit=self.top + 1)  # fmt: skip
+            if len(found) > self.top:  # the batch's next prediction is not kept
+                self.pruned = min(self.pruned, found.pop().step_ms)
+            merge_classes(self.classes, found)
+            self._update_limit()
+        return steps
 
+    def incumbents(self, layouts: list[tuple[int, ...]]) -> dict[tuple[int, ...], float]:
+        """Simulate layouts found before the tree (seeds, the downhill walk) once; those of
+        another shard only tighten the threshold."""
+        fresh = [c for c in dict.fromkeys(layouts) if c[-1] not in self.seed_ends.get(c[:-1], ())]
+        mine = [c for c in fresh if shard_of(c, self.num_shards) == self.shard]
+        others = [c for c in fresh if shard_of(c, self.num_shards) != self.shard]
+        for cuts in fresh:
+            self.seed_ends.setdefault(cuts[:-1], set()).add(cuts[-1])
+        steps = {}
+        for rows, owned in ((others, False), (mine, True)):
+            if rows:
+                found = self.simulate(np.array(rows, dtype=np.int64), owned=owned)
+                steps.update(zip(rows, found.tolist(), strict=True))
+        return steps
 
-def _forwards_before_first_backward(program: Program, rank: int) -> int:
-    """How many forwards rank ``rank`` runs before its first backward, in Megatron's order."""
-    for index, op in enumerate(compute_order(program.pp, program.vpp, program.num_microbatches,
-                                             program.group_size)[rank]):  # fmt: skip
-        if op.kind == BACKWARD:
-            return index
-    return program.num_microbatches * program.vpp
+    def add_leaves(self, cuts: list[int], ends: np.ndarray) -> None:
+        seen = self.seed_ends.get(tuple(cuts))
+        if seen:
+            ends = ends[~np.isin(ends, list(seen))]
+        rows = np.empty((len(ends), len(cuts) + 1), dtype=np.int64)
+        rows[:, :-1] = cuts
+        rows[:, -1] = ends
+        self.pending.append(rows)
+        self.pending_rows += len(rows)
 
+    def flush(self) -> None:
+        if self.pending_rows:
+            self.simulate(np.concatenate(self.pending))
+        self.pending, self.pending_rows = [], 0
+        self.tick()
 
-def _seed_cuts(space: LayoutSpace, prefix: np.ndarray) -> list[tuple[int, ...]]:
-    """Evenly balanced layouts, simulated first so that pruning starts from a good incumbent:
-    each cut near an equal share of the total load, rounded down, up and to the nearest item."""
-    stages, n_items = space.num_stages, len(prefix) - 1
-    targets = prefix[-1] * np.arange(1, stages) / stages
-    even = np.arange(1, stages) * n_items / stages  # equal item counts, as the count rule
-    seeds = {tuple(int(c) for c in np.floor(even)), tuple(int(c) for c in np.ceil(even))}
-    for side in ("left", "right"):
-        for shift in (-1, 0, 1):
-            cuts = list(np.searchsorted(prefix, targets, side=side) + shift)
-            for i in range(len(cuts)):  # one item per stage at least, room left for the rest
-                low = cuts[i - 1] + 1 if i else 1
-                cuts[i] = int(min(max(cuts[i], low), n_items - (stages - 1 - i)))
-            seeds.add(tuple(cuts))
-    return [cuts for cuts in sorted(seeds) if _allowed(space, np.array(cuts))]
+    def tick(self) -> None:
+        self.clock.tick(self.describe)
 
-
-def _local_search(
-    space: LayoutSpace,
-    program: Program,
-    model: CostModel,
-    start: tuple[int, ...],
-    rounds: int = 200,
-) -> list[tuple[int, ...]]:
-    """Move one stage boundary by one item while that makes the simulated step faster; the
-    layouts visited on the way (the caller simulates them again for its top)."""
-    current = np.array(start)
-    counts = space.unit_counts(current[None], model.units, model.moe_pattern)
-    current_step = score(program, model, counts).noise_free_ms[0]
-    visited = [tuple(int(c) for c in current)]
-    items = len(space.item_counts(model.units, model.moe_pattern))
-    for _ in range(rounds):
-        moves = [current + step * np.eye(len(current), dtype=np.int64)[i]
-                 for i in range(len(current)) for step in (-1, 1)]  # fmt: skip
-        moves = np.array([m for m in moves if m[0] > 0 and m[-1] < items and _allowed(space, m)])
-        if not len(moves):
-            break
-        counts = space.unit_counts(moves, model.units, model.moe_pattern)
-        steps = score(program, model, counts).noise_free_ms
-        best = int(np.argmin(steps))
-        if steps[best] >= current_step:
-            break
-        current, current_step = moves[best], steps[best]
-        visited.append(tuple(int(c) for c in current))
-    return visited
-
-
-def _allowed(space: LayoutSpace, cuts: np.ndarray) -> bool:
-    if len(set(cuts.tolist())) != len(cuts) or np.any(np.diff(cuts) <= 0):
-        return False
-    if not space.mtp_num_layers:
-        return True
-    mtp_stage = int((cuts <= space.num_layers + 1).sum())
-    if mtp_stage < (space.vpp - 1) * space.pp:
-        return False
-    return space.allow_standalone_mtp or mtp_stage == space.num_stages - 1
+    def describe(self) -> str:
+        best = min(self.classes, default=np.inf)
+        return (f"exact search, {self.nodes:,} nodes, {self.simulated:,} layouts simulated, "
+                f"best {best:,.1f} ms so far")  # fmt: skip
 
 
 def exact_search(
@@ -216,205 +195,137 @@ def exact_search(
     model: CostModel,
     top: int = 10,
     hbm_gib: float | None = None,
-    gap: float = 0.0,
-    batch: int = 512,
-    node_limit: int = 2_000_000,
+    batch: int = 4096,
+    node_limit: int = 50_000_000,
     time_limit_s: float = float("inf"),
+    shard: int = 0,
+    num_shards: int = 1,
+    progress: Callable[[str], None] | None = None,
+    relaxation: Relaxation | None = None,
 ) -> ExactResult:
-    """The ``top`` layouts with the smallest noise-free simulated step, by branch and bound."""
+    """The ``top`` best distinct noise-free predictions, with every layout that makes them.
+
+    Interleaved spaces first solve the LP relaxation (``search.relaxation``) with part of the
+    time, unless a previous search of the same space passes its ``relaxation`` on.
+    """
     if space.allow_empty_stages:
         raise ValueError("exact search covers spaces of non-empty stages")
-    pp, stages, m = space.pp, space.num_stages, program.num_microbatches
-    forward, backward, tail = _item_costs(model, space)
-    load = forward + backward
-    tail_prefix = np.concatenate([[0.0], np.cumsum(tail)])
-    prefix = np.concatenate([[0.0], np.cumsum(load)])
-    f_prefix = np.concatenate([[0.0], np.cumsum(forward)])
-    b_prefix = np.concatenate([[0.0], np.cumsum(backward)])
-    n_items = len(load)
+    pp, stages = space.pp, space.num_stages
+    sums = item_sums(model, space)
+    n_items = sums.items
     mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
     last_chunk_start = (space.vpp - 1) * pp
-    hops = np.concatenate([[0.0], np.cumsum(model.p2p_ms[:-1])])  # p2p from rank 0 to rank r
-    # the p2p hops micro-batch 0 crosses to reach flat stage (chunk, rank): boundaries 0..s-1
-    crossed = np.concatenate([[0.0], np.cumsum(model.p2p_ms[np.arange(stages) % pp])])
-    reach_hops = [crossed[c * pp : (c + 1) * pp] + hops for c in range(space.vpp)]
-    unit_load = model.forward_ms + model.backward_ms
-    rho = float(np.max(np.divide(model.forward_ms, unit_load, where=unit_load > 0,
-                                 out=np.zeros_like(unit_load))))  # fmt: skip
-    chunk_terms = [(0, m)]
-    if space.vpp > 1:
-        chunk_terms.append((space.vpp - 1, m - program.group_size * rho))
-    warmups = [_forwards_before_first_backward(program, rank) for rank in range(pp)]
-    serial_p2p = _serial_p2p(program, model.p2p_ms)
-    first_rates = np.maximum(m - np.array(warmups) * rho, 1e-9)
-    open_after = [
-        np.isin(np.arange(pp), [s % pp for s in range(k, stages)]) for k in range(stages + 1)
-    ]
-
-    best: list[tuple[float, tuple[int, ...]]] = []  # max-heap of the top (negated steps)
-    pending: list[tuple[int, ...]] = []
-    seen: set[tuple[int, ...]] = set()
-    state = {"simulated": 0, "nodes": 0, "pruned": np.inf, "rejected": 0, "out_of_time": False}
-
-    def threshold() -> float:
-        return -best[0][0] if len(best) >= top else np.inf
-
-    def flush() -> None:
-        fresh = [c for c in dict.fromkeys(pending) if c not in seen]  # seeds recur in the tree
-        pending.clear()
-        if not fresh:
-            return
-        seen.update(fresh)
-        cuts = np.array(fresh, dtype=np.int64)
-        counts = space.unit_counts(cuts, model.units, model.moe_pattern)
-        if hbm_gib is not None:
-            fits = memory(model, counts, pp).max(axis=1) <= hbm_gib * GIB
-            state["rejected"] += int((~fits).sum())
-            cuts, counts = cuts[fits], counts[fits]
-            if not len(cuts):
-                return
-        steps = score(program, model, counts).noise_free_ms
-        state["simulated"] += len(cuts)
-        for step, row in zip(steps, cuts, strict=True):
-            entry = (-float(step), tuple(int(c) for c in row))
-            if len(best) < top:
-                heapq.heappush(best, entry)
-            elif -entry[0] < -best[0][0]:
-                state["pruned"] = min(state["pruned"], -heapq.heapreplace(best, entry)[0])
-            else:
-                state["pruned"] = min(state["pruned"], -entry[0])
-
-    def bounds(
-        loads: np.ndarray, tails: np.ndarray, cuts: list[int], start: int, k: int, ends: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        # The first-backward term: rank r's first backward waits for micro-batch 0's forward
-        # through every stage and its backward through the stages after (last chunk, r); by
-        # then the rank has run q_r forwards; afterwards it still has M load_r - q_r forwards
-        # of work and the drain.
-        """Lower bounds for every completion of the children that end stage k at ``ends``.
-
-        Rank r's first forward of chunk c waits for micro-batch 0 to cross every flat stage
-        before (c, r); before it the rank has run only the c x G chunk-0..c-1 forwards of the
-        first group; after its last op (a chunk-0 backward) the gradient still crosses the
-        chunk-0 stages before r.  So T >= reach(c, r) + M load_r - G forwards_{<c}(r) + drain(r)
-        for c = 0 and c = VPP - 1, with forwards <= rho load; or, instead of the drain, the
-        rank's own step tail.  Stages not placed yet hold at least one item each (and no more
-        than a threshold-beating layout can load), and the unplaced work raises the open ranks
-        like water.
-        """
-        child_loads = np.repeat(loads[None], len(ends), axis=0)
-        child_loads[:, k % pp] += prefix[ends] - prefix[start]
-        child_tails = np.repeat(tails[None], len(ends), axis=0)
-        child_tails[:, k % pp] += tail_prefix[ends] - tail_prefix[start]
-        starts = np.empty((len(ends), stages), dtype=np.int64)
-        known = [0, *cuts]  # stages 0..k start here
-        starts[:, : k + 1] = known
-        starts[:, k + 1 :] = np.minimum(ends[:, None] + np.arange(stages - k - 1), n_items)
-        over_cap = np.zeros(len(ends), dtype=bool)
-        if np.isfinite(threshold()):
-            # a layout under the threshold loads no rank above threshold / M, so the stages
-            # from j on (on at most min(PP, S - j) ranks) cannot start before this item
-            cap = threshold() / m * np.minimum(pp, stages - np.arange(k + 1, stages))
-            earliest = np.searchsorted(prefix, prefix[n_items] - cap - 1e-9, side="left")
-            over_cap = ends < earliest[0]  # the rest cannot fit under the threshold
-            starts[:, k + 2 :] = np.maximum(starts[:, k + 2 :], earliest[1:])
-        drain = b_prefix[starts[:, :pp]]
-        work = prefix[n_items] - prefix[ends]
-        tail_work = tail_prefix[n_items] - tail_prefix[ends]
-        best_bound = np.zeros(len(ends))
-        for chunk, weight in chunk_terms:
-            reach = f_prefix[starts[:, chunk * pp : (chunk + 1) * pp]] + reach_hops[chunk]
-            through_drain = _water_levels(
-                reach + drain + serial_p2p + weight * child_loads, open_after[k + 1], weight * work
-            )
-            through_tail = _water_levels(
-                reach + serial_p2p + weight * child_loads + child_tails,
-                open_after[k + 1],
-                weight * work + tail_work,
-            )
-            best_bound = np.maximum(best_bound, np.maximum(through_drain, through_tail))
-        # stages after (last chunk, r): known when placed, else at least the last items
-        after_stage = last_chunk_start + np.arange(pp) + 1
-        known_after = after_stage <= k + 1
-        b_after = np.where(
-            known_after,
-            b_prefix[n_items] - b_prefix[starts[:, np.minimum(after_stage, stages - 1)]],
-            b_prefix[n_items] - b_prefix[np.maximum(n_items - (stages - after_stage), 0)],
-        )
-        b_after[:, after_stage == stages] = 0.0
-        first_backward = f_prefix[n_items] + b_after + drain + first_rates * child_loads
-        bound = np.maximum(
-            best_bound, _water_levels(first_backward, open_after[k + 1], work, first_rates)
-        )
-        # explore by the fill/drain bound (it ranks balanced children first), prune by all
-        return np.where(over_cap, np.maximum(bound, threshold()), bound), best_bound
-
-    suffix_best = stage_bounds = None
-    if space.vpp == 1:
-        stage_bounds = _one_f_one_b_stage_bounds(
-            program, f_prefix, b_prefix, tail_prefix, hops, serial_p2p,
-            [_forwards_before_first_backward(program, r) for r in range(pp)],
-        )  # fmt: skip
-        suffix_best = _suffix_minmax(stage_bounds, mtp_item, space.allow_standalone_mtp)
-
+    search = _Search(space, program, model, top, hbm_gib, shard, num_shards, progress)
     deadline = time.monotonic() + time_limit_s
 
-    def descend(
-        k: int, start: int, loads: np.ndarray, tails: np.ndarray, cuts: list[int], worst: float
-    ) -> None:
-        state["nodes"] += 1
-        if state["nodes"] % 1024 == 0 and time.monotonic() > deadline:
-            state["out_of_time"] = True
-        if k == stages - 1:
-            pending.append(tuple(cuts))
-            if len(pending) >= batch:
-                flush()
-            return
+    paths = interleaved = None
+    if space.vpp == 1:
+        paths = one_f_one_b_paths(program, sums, model.p2p_ms)
+    else:
+        interleaved = InterleavedBound(space, program, model, sums)
+
+    root_settled = float(sums.tail[1])  # rank 0 holds the embedding's tail at least
+    if paths is not None:
+        levels = settled_levels(paths, root_settled)
+        suffix = suffix_minmax(paths, levels, mtp_item, space.allow_standalone_mtp)
+
+    def children(k: int, start: int) -> np.ndarray:
         highest = n_items - (stages - 1 - k)  # leave one item for each later stage
         if mtp_item is not None and not space.allow_standalone_mtp:
             highest = min(highest, mtp_item)  # MTP must stay in the last stage, with L
         ends = np.arange(start + 1, highest + 1)
         if mtp_item is not None and k < last_chunk_start:
             ends = ends[ends <= mtp_item]  # MTP only in the last virtual chunk
+        return ends
+
+    def descend(k, start, loads, tails, cuts, worst, settled, travelled) -> None:
+        search.nodes += 1
+        if search.nodes % 256 == 0:
+            search.out_of_time |= time.monotonic() > deadline or search.nodes >= node_limit
+            search.tick()
+        ends = children(k, start)
+        if k == min(1, stages - 2) and num_shards > 1:
+            ends = ends[(sum(cuts) + ends) % num_shards == shard]
         if not len(ends):
             return
-        if stage_bounds is not None:  # 1F1B: the exact min-max of per-stage bounds below
-            own = np.maximum(worst, stage_bounds[k][start, ends])
-            lower = preference = np.maximum(own, suffix_best[k + 1][ends])
+        if paths is not None:  # 1F1B: the own stage exactly, the min-max of the rest below
+            own = paths.own(k, start, ends, settled)
+            after = paths.settled_after(k, start, ends, settled)
+            rest = suffix[k + 1, ends, level_of(levels, after)]
+            lower = explore = np.maximum(np.maximum(worst, own), rest)
         else:
-            lower, preference = bounds(loads, tails, cuts, start, k, ends)
-        order = np.argsort(preference, kind="stable")
-        for position, index in enumerate(order):
-            if state["nodes"] >= node_limit or state["out_of_time"]:  # what is left is unproven
-                state["pruned"] = min(state["pruned"], float(lower[order[position:]].min()))
+            lower, explore = interleaved(loads, tails, cuts, start, k, ends, search.limit)
+        if cut_bounds is not None:
+            along, through = cut_bounds.children(travelled, k, start, ends)
+            lower = np.maximum(lower, along)
+        if k == stages - 2:  # the children are leaves: simulate them in a batch
+            keep = lower <= search.limit + PRUNE_TOLERANCE_MS
+            if (~keep).any():
+                search.pruned = min(search.pruned, float(lower[~keep].min()))
+            if keep.any():
+                search.add_leaves(cuts, ends[keep])
+                if search.pending_rows >= batch:
+                    search.flush()
+            return
+        viable = lower <= search.limit + PRUNE_TOLERANCE_MS
+        if not viable.all():
+            search.pruned = min(search.pruned, float(lower[~viable].min()))
+        order = np.flatnonzero(viable)[np.argsort(explore[viable], kind="stable")]
+        for position, index in enumerate(order.tolist()):
+            if search.out_of_time:  # what is left is unproven
+                search.pruned = min(search.pruned, float(lower[order[position:]].min()))
                 break
-            if lower[index] >= threshold() * (1 - gap):
-                # a subtree bounded under the cap holds only layouts at or above the threshold
-                state["pruned"] = min(state["pruned"], float(lower[index]), threshold())
+            if lower[index] > search.limit + PRUNE_TOLERANCE_MS:  # the threshold fell meanwhile
+                search.pruned = min(search.pruned, float(lower[index]))
                 continue
             end = int(ends[index])
-            child, child_tail = loads.copy(), tails.copy()
-            child[k % pp] += prefix[end] - prefix[start]
-            child_tail[k % pp] += tail_prefix[end] - tail_prefix[start]
-            mine = float(stage_bounds[k][start, end]) if stage_bounds is not None else 0.0
-            descend(k + 1, end, child, child_tail, [*cuts, end], max(worst, mine))
-            if len(pending) >= batch:
-                flush()
+            child, child_tail = loads, tails  # only the interleaved bound reads them
+            if interleaved is not None:
+                child, child_tail = loads.copy(), tails.copy()
+                child[k % pp] += sums.load[end] - sums.load[start]
+                child_tail[k % pp] += sums.tail[end] - sums.tail[start]
+            onward = through[:, index] if cut_bounds is not None else None
+            if paths is None:
+                descend(k + 1, end, child, child_tail, [*cuts, end], 0.0, 0.0, onward)
+                continue
+            descend(k + 1, end, child, child_tail, [*cuts, end], max(worst, float(own[index])),
+                    float(after[index]), onward)  # fmt: skip
 
-    pending.extend(_seed_cuts(space, prefix))
-    flush()
-    if best:  # walk the best seed downhill one boundary move at a time
-        pending.extend(_local_search(space, program, model, max(best)[1]))
-        flush()
-    descend(0, 0, np.zeros(pp), np.zeros(pp), [], 0.0)
-    flush()
-    ranked = sorted((-s, c) for s, c in best)
+    if stages < 2:
+        raise ValueError("exact search needs at least two stages")
+    steps = search.incumbents(seed_cuts(space, sums.load))
+    if steps:
+        steps |= search.incumbents(
+            downhill(space, program, model, min(steps, key=steps.__getitem__))
+        )
+    cut_bounds = None
+    if steps:
+        best = sorted(steps, key=steps.__getitem__)[:CUTS]
+        found = _critical_paths(space, program, model, best)
+        cuts = [rank_paths[int(np.argmax(ends))] for ends, rank_paths in found]
+        if interleaved is not None and relaxation is None:
+            seconds = min(RELAXATION_SHARE * time_limit_s, RELAXATION_LIMIT_S)
+            seeds = [cut for _, rank_paths in found for cut in rank_paths]
+            relaxation = relax(space, program, model.p2p_ms, sums, seeds, seconds,
+                               clock=search.clock)  # fmt: skip
+        if relaxation is not None and relaxation.mixed is not None:
+            cuts.append(relaxation.mixed)
+        cut_bounds = CutBounds(cuts, sums, mtp_item, space.allow_standalone_mtp,
+                               last_chunk_start)  # fmt: skip
+    start = cut_bounds.start if cut_bounds is not None else None
+    descend(0, 0, np.zeros(pp), np.zeros(pp), [], 0.0, root_settled, start)
+    search.flush()
+    ranked = tuple(search.classes[v] for v in sorted(search.classes))
+    proven = float(search.pruned)
+    if relaxation is not None:  # it bounds every layout, whatever the tree left
+        proven = max(proven, relaxation.bound_ms)
     return ExactResult(
-        cuts=np.array([c for _, c in ranked], dtype=np.int64).reshape(len(ranked), stages - 1),
-        steps=np.array([s for s, _ in ranked]),
-        proven_bound_ms=float(min(state["pruned"], np.inf)),
-        simulated=state["simulated"],
-        nodes=state["nodes"],
-        rejected_memory=state["rejected"],
-        complete=state["nodes"] < node_limit and not state["out_of_time"],
+        classes=ranked,
+        proven_bound_ms=proven,
+        simulated=search.simulated,
+        nodes=search.nodes,
+        rejected_memory=search.rejected,
+        complete=not search.out_of_time,
+        relaxation=relaxation,
+        bound_reason=_bound_reason(search, relaxation),
     )

@@ -19,7 +19,7 @@ from functools import cached_property
 import numpy as np
 
 from ray_layout.errors import LayoutError
-from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout
+from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, format_stages
 
 
 @dataclass(frozen=True)
@@ -206,6 +206,9 @@ class LayoutSpace:
     def stages_from_cuts(self, cuts: tuple[int, ...]) -> tuple[str, ...]:
         bounds = (0, *cuts, len(self._items))
         return tuple("".join(self._items[a:b]) for a, b in itertools.pairwise(bounds))
+
+    def layout_string(self, cuts: Sequence[int]) -> str:
+        return format_stages(self.stages_from_cuts(tuple(int(c) for c in cuts)))
 
     def __iter__(self) -> Iterator[Layout]:
         for cuts, _ in self.cut_points():

@@ -1,4 +1,9 @@
-"""Shared fixtures: one simulated multi-node Ray cluster for the whole test session."""
+"""Shared fixtures: one simulated multi-node Ray cluster for the whole test session.
+
+Every test that needs that cluster, or starts its own Ray head or emulated Megatron ranks, is an
+end-to-end test and is marked ``slow``: ``pytest -m "not slow"`` is the quick loop (seconds),
+``make test`` runs everything.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,14 @@ from collections.abc import Iterator
 import pytest
 
 NODES, GPUS_PER_NODE = 3, 4
+# Fixtures that start real processes: a test using one is end-to-end.
+END_TO_END_FIXTURES = frozenset({"ray_cluster", "ray_head", "ranks"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if END_TO_END_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +31,7 @@ def ray_cluster() -> Iterator[object]:
         pytest.skip("Ray disabled")
     import ray
 
-    from ray_layout.runtime.cluster import start_local_cluster
+    from ray_layout.runtime.local import start_local_cluster
 
     if ray.is_initialized():
         pytest.fail("a Ray connection is already open; the cluster fixture needs its own")

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ray_layout.model.sizing import GIB
 from search.cost_model import CostModel, in_flight_at_peak
+from search.evaluate import _standalone_rank, stage_times, tail_ms
+from search.schedule import Program, compile_schedule
+from search.simulator import simulate
+from search.space import LayoutSpace
+from search.ties import prediction_key
 
-GIB = 2**30
 UNITS = ("E", "t", "m", "L")
 
 
@@ -40,3 +45,32 @@ def toy_cost_model(
         mtp_standalone_factor=1.12,
         in_flight=in_flight_at_peak(pp, vpp, microbatches),
     )
+
+
+def plain_steps(space: LayoutSpace, program: Program, model: CostModel):
+    """(cuts, noise-free steps) of every layout of ``space`` by the plain simulator: the oracle
+    the planner's fast paths are checked against."""
+    cuts = np.concatenate(list(space.cut_blocks()))
+    counts = space.unit_counts(cuts, model.units, model.moe_pattern)
+    forward, backward = stage_times(model, counts)
+    tail = tail_ms(model, counts, program.pp)
+    step = simulate(program, forward.T, backward.T, model.p2p_ms, tail.T).step
+    standalone = _standalone_rank(counts, model, program.pp).any(axis=1)
+    return cuts, step * np.where(standalone, model.mtp_standalone_factor, 1.0)
+
+
+def optimal_set(space: LayoutSpace, cuts: np.ndarray, steps: np.ndarray) -> set[str]:
+    """The layouts whose step equals the best one's (to the tie resolution)."""
+    keys = prediction_key(steps)
+    return {space.layout_string(row) for row in cuts[keys == keys.min()]}
+
+
+def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail):
+    """(space, program, model, cuts, plain steps) of a random small space, None if it is empty."""
+    space = LayoutSpace(layers, mtp, pp, vpp)
+    if space.count().total == 0:
+        return None
+    program = compile_schedule(pp, vpp, microbatches)
+    model = toy_cost_model(pp, vpp, microbatches, layers=layers, forward=unit, p2p=p2p,
+                           tail_ms_per_gparam=tail)  # fmt: skip
+    return (space, program, model, *plain_steps(space, program, model))

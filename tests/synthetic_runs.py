@@ -22,8 +22,9 @@ from ray_layout.model.layout import Layout
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.cost_model import build_cost_model
 from search.evaluate import memory, stage_times, tail_ms
-from search.planner import _layout_counts
-from search.schedule import Compute, P2PCall, compile_schedule, simulate
+from search.schedule import Compute, P2PCall, compile_schedule
+from search.simulator import simulate
+from search.space import LayoutSpace
 
 
 def synthetic_log(
@@ -49,7 +50,8 @@ def synthetic_log(
     run = replace(parallel, pp=layout.pp, vpp=layout.vpp)
     program = compile_schedule(run.pp, run.vpp, num_microbatches)
     cost_model = build_cost_model(model, run, costs, num_microbatches)
-    _, _, counts = _layout_counts(layout, cost_model)
+    space, cuts = LayoutSpace.holding(layout)
+    counts = space.unit_counts(cuts[None], cost_model.units, cost_model.moe_pattern)
     forward, backward = stage_times(cost_model, counts)
     tail = tail_ms(cost_model, counts, run.pp)[0]
     # Megatron's "max allocated" is PyTorch's allocator: no CUDA context, NCCL or slack

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
+from typing import Literal
 
 import pytest
+from rich.console import Console
 
-from ray_layout.commands.cli import main
+from ray_layout.commands.checks import at_least
+from ray_layout.commands.common import OneLineErrorParser
+from ray_layout.commands.flags import Settings, add_flags, argument, from_args, option
+from ray_layout.commands.main import main
+from ray_layout.commands.plan import print_plan
+from ray_layout.errors import ConfigError
 
 HANDBOOK = "configs/handbook_7b_a1b.yaml"
 DEEPSEEK = "tests/data/hf/DeepSeek-V3/config.json"
@@ -158,7 +166,8 @@ def test_simulate_writes_a_timeline(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["plan", HANDBOOK, "--pp", "4", "--costs", "missing.json"], "cannot read"),
+        (["plan", HANDBOOK, "--pp", "4", "--costs", "missing.json"],
+         "--costs missing.json: no such file"),
         (["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--micro-batches", "0"],
          "--micro-batches must be >= 1"),
         (["plan", HANDBOOK, "--pp", "4", "--vpp", "2", "--costs", COSTS, "--micro-batches",
@@ -183,3 +192,49 @@ def test_plan_sweeps_vpp(capsys):
     assert rows[2]["best"]["mean_ms"] > 0
     assert rows[3]["best"]["mean_ms"] > 0  # 32 micro-batches, groups of 4: valid for VPP=3
     assert main(["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--sweep-vpp", "1,x"]) == 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Example(Settings):
+    name: str = argument(help="a name")
+    count: int = option(help="how many", checks=[at_least(1)])
+    kind: Literal["a", "b"] = option("a")
+    loud: bool = option(False)
+    tags: tuple[str, ...] = option((), names=["--tag"])
+
+
+def test_settings_classes_build_the_parser_and_check_their_values():
+    parser = OneLineErrorParser(prog="example")
+    add_flags(parser, Example)
+    settings = from_args(Example, parser.parse_args(["x", "--count", "2", "--tag", "p",
+                                                     "--tag", "q", "--loud"]))  # fmt: skip
+    assert settings == Example(name="x", count=2, kind="a", loud=True, tags=("p", "q"))
+    assert "how many" in parser.format_help() and "{a,b}" in parser.format_help()
+    with pytest.raises(ConfigError, match="--count must be >= 1, got 0"):
+        from_args(Example, parser.parse_args(["x", "--count", "0"]))
+    with pytest.raises(ConfigError, match="--count must be >= 1"):
+        Example(name="x", count=-3)  # constructed in code, checked the same way
+    with pytest.raises(SystemExit):
+        parser.parse_args(["x"])  # --count has no default: required
+
+
+def test_plan_table_stays_readable_at_pp_16(capsys):
+    memory = [60.0 + rank for rank in range(16)]
+    memory[5] = 168.0
+    row = {
+        "layout": "Et*3|" + "t*4|" * 14 + "t*2mL", "mean_ms": 8374.7, "p90_ms": 8402.1,
+        "noise_free_ms": 8370.0, "bottleneck_rank": 15, "near_bottleneck": 3,
+        "memory_gib": memory, "fits": False, "mtp_standalone": False,
+        "speedup_vs_default": None, "speedup_vs_count_based": 1.04,
+    }  # fmt: skip
+    report = {
+        "model": "DeepSeek-V3", "pp": 16, "vpp": 1, "micro_batches": 32, "method": "exact search",
+        "valid_layouts": 10**14, "space_size": 9 * 10**13, "scored": 510_673, "monte_carlo": 0,
+        "rejected_memory": 0, "proven_bound_ms": None, "search_complete": False,
+        "search_nodes": 0, "candidates": [row], "baselines": [],
+    }  # fmt: skip
+    print_plan(report, Console(width=120, record=True))
+    out = capsys.readouterr().out
+    assert "…" not in out  # no column squeezed to an ellipsis
+    assert "168 (rank 5) OOM" in out and "8,374.7" in out and "rank 15" in out
+    assert "".join(line.strip("│ ") for line in out.splitlines()).count("t*4|") >= 14

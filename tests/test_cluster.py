@@ -20,21 +20,16 @@ from megatron.core.parallel_state import RankGenerator
 from ray_layout.errors import ConfigError
 from ray_layout.measure.store import CostStore
 from ray_layout.model.spec import ParallelConfig
-from ray_layout.runtime.cluster import (
-    RankProcess,
-    RankStatus,
-    RunResult,
-    RunSpec,
-    attempt_id,
+from ray_layout.runtime.actor import RankProcess
+from ray_layout.runtime.failures import RankStatus, classify_exit, failure_mark
+from ray_layout.runtime.placement import (
     check_placement,
-    classify_exit,
     device_env,
-    failure_mark,
     megatron_coordinates,
     rank_order,
-    run_many,
-    run_on_cluster,
 )
+from ray_layout.runtime.runs import run_many, run_on_cluster
+from ray_layout.runtime.spec import RunResult, RunSpec, attempt_id, attempt_number
 from tests.conftest import GPUS_PER_NODE, NODES
 
 ORDER = "tp-cp-ep-dp-pp"
@@ -152,6 +147,12 @@ def test_run_spec_rejects_what_would_fail_late(tmp_path):
         RunSpec("a", "s", [], **good)
     with pytest.raises(ConfigError, match=r"source of the runs table, not nonsense, status$"):
         RunSpec("a", "s", ["python"], labels={"status": "x", "nonsense": 1, "model": "m"}, **good)
+
+
+def test_attempt_ids_read_back():
+    ids = [attempt_id("profile-ab12-retry", n) for n in (1, 2, 3)]
+    assert ids == ["profile-ab12-retry", "profile-ab12-retry-retry1", "profile-ab12-retry-retry2"]
+    assert [attempt_number("profile-ab12-retry", i) for i in ids] == [1, 2, 3]
 
 
 def test_device_env_shows_each_rank_its_nodes_gpus():

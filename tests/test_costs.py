@@ -11,9 +11,11 @@ from ray_layout.errors import ConfigError
 from ray_layout.model.costs import (
     FORMAT,
     UnitCosts,
+    costs_from_dict,
     costs_from_flops,
     costs_to_dict,
     load_costs,
+    provenance_mismatches,
     save_costs,
     stage_compute_ms,
     stage_units,
@@ -261,3 +263,25 @@ def test_costs_to_dict_is_plain_json():
     data = costs_to_dict(load_costs(EXAMPLE))
     assert next(iter(data)) == "format"
     assert data == example_dict()
+
+
+def test_provenance_mismatches_name_each_difference():
+    example = load_costs(EXAMPLE)  # records no CP or vocabulary: those are not checked
+    assert provenance_mismatches(example, HANDBOOK.model, HANDBOOK.parallel) == []
+    other = replace(example, model="llama-70b", micro_batch_size=8, seq_length=128, tp=8)
+    assert provenance_mismatches(other, HANDBOOK.model, HANDBOOK.parallel) == [
+        "model llama-70b (costs) vs handbook_7b_a1b (recipe)",
+        "micro_batch_size 8 (costs) vs 2 (recipe)",
+        "seq_length 128 (costs) vs 4096 (recipe)",
+        "tp 8 (costs) vs 1 (recipe)",
+    ]
+    flops = costs_from_flops(HANDBOOK.model, HANDBOOK.parallel)
+    assert (flops.cp, flops.vocab_size) == (1, 128256)
+    small_vocab = replace(HANDBOOK.model, vocab_size=32000)
+    cp2 = replace(HANDBOOK.parallel, cp=2)
+    assert provenance_mismatches(flops, small_vocab, cp2) == [
+        "cp 1 (costs) vs 2 (recipe)",
+        "vocab_size 128256 (costs) vs 32000 (recipe)",
+    ]
+    round_trip = costs_from_dict(costs_to_dict(flops), source="test")
+    assert round_trip == flops and "cp" not in costs_to_dict(example)

@@ -15,19 +15,17 @@ import numpy as np
 import pytest
 import yaml
 
-from launchers.emulated_megatron import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILED,
-    PROFILE_ENV,
-    load_profile,
-    rank_costs,
-    rank_program,
-    run_config,
-    timer_block,
-)
-from ray_layout.errors import ConfigError
+from launchers.emulated.config import run_config
+from launchers.emulated.costs import rank_costs
+from launchers.emulated.environment import PROFILE_ENV
+from launchers.emulated.logs import timer_block
+from launchers.emulated.profile import load_profile
+from launchers.emulated.schedule import held_at_peak, rank_program
+from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError
 from ray_layout.measure.logs import parse_log, steady_intervals
-from search.schedule import P2PCall, compile_schedule, rank_ops, simulate, stage_durations
+from search.cost_model import in_flight_at_peak
+from search.schedule import P2PCall, compile_schedule, rank_ops
+from search.simulator import simulate, stage_durations
 from tests.megatron_oracle import MEGATRON_CPU_WARNINGS, _free_port
 from tests.test_schedule import megatron_order
 
@@ -73,6 +71,16 @@ def test_order_equals_megatron_core(pp, vpp, microbatches, group):
         assert computes == megatron_order(pp, rank, vpp, microbatches, group)
         moving = [op for op in program if not isinstance(op, P2PCall) or op.transfers]
         assert moving == simulated[rank]
+
+
+@pytest.mark.parametrize(("pp", "vpp", "microbatches", "group"), ORDER_CASES)
+def test_activations_held_at_the_peak_agree_with_the_planner(pp, vpp, microbatches, group):
+    """The emulator counts in-flight micro-batches on its own order; the planner's count, on the
+    simulator's order, must come out the same."""
+    planned = in_flight_at_peak(pp, vpp, microbatches, group)
+    for rank in range(pp):
+        held = held_at_peak(rank_program(pp, rank, vpp, microbatches, group), vpp)
+        assert list(held.values()) == planned[rank].tolist()
 
 
 # Profiles and command lines
@@ -246,7 +254,7 @@ def test_out_of_memory_rank_exits_1_and_the_others_do_not_hang(tmp_path):
     small.write_text(yaml.safe_dump(raw))
     with ranks(HANDBOOK, 4, small, tmp_path) as processes:
         codes = wait_all(processes, timeout=120)
-    assert codes[3] == EXIT_FAILED
+    assert codes[3] == EXIT_FAILURE
     lines = (tmp_path / "3.err").read_text().splitlines()
     message = next(line for line in lines if line.startswith("torch.OutOfMemoryError"))
     assert message.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from search.evaluate import monte_carlo, score, standard_normals
-from search.schedule import compile_schedule, simulate, stage_durations
+from search.schedule import compile_schedule
+from search.simulator import simulate, stage_durations
 from search.space import LayoutSpace
 from tests.planner_fixtures import UNITS, toy_cost_model
 

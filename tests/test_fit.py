@@ -7,16 +7,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ray_layout.errors import ConfigError
-from ray_layout.measure.fit import (
-    PAIR,
-    design_rows,
-    fit_costs,
-    observation_from_log,
-    profile_design,
-    unit_columns,
-)
+from ray_layout.errors import MeasurementError
+from ray_layout.measure.design import PAIR, design_rows, profile_design, unit_columns
+from ray_layout.measure.fit import fit_costs
+from ray_layout.measure.log_format import timers_max
 from ray_layout.measure.logs import parse_log
+from ray_layout.measure.observations import (
+    STEP_WARMUP,
+    observation_from_log,
+    observation_from_records,
+)
 from ray_layout.model.costs import costs_from_flops, load_costs
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import load_recipe_file
@@ -98,17 +98,15 @@ def test_runs_that_cannot_separate_units_are_refused():
     rows = design_rows(HANDBOOK.model, layout, unit_columns(HANDBOOK.model, False))
     assert np.linalg.matrix_rank(rows) == 2
     two = replace(HANDBOOK, parallel=replace(HANDBOOK.parallel, pp=2))
-    with pytest.raises(ConfigError, match=r"cannot tell apart all of E, t, m\+L"):
+    with pytest.raises(MeasurementError, match=r"cannot tell apart all of E, t, m\+L"):
         fit_costs(two.model, two.parallel, observe(["Et*8|t*8mL"], recipe=two))
     one_default_run = observe(["Et*4|t*4|t*4|t*4mL"])  # PP=4: E, t and m+L on different rows
     assert fit_costs(HANDBOOK.model, HANDBOOK.parallel, one_default_run).max_residual < 1e-6
 
 
 def test_max_timer_option_is_refused_with_a_hint():
-    from ray_layout.measure.log_format import timers_max
-
     log = "\n".join([timers_max({"forward-compute": 10.0})] * 4) + "\n"
-    with pytest.raises(ConfigError, match="timing-log-option all"):
+    with pytest.raises(MeasurementError, match="timing-log-option all"):
         observation_from_log("run", parse_log(log), Layout.parse("Et*8|t*8mL", 2),
                              HANDBOOK.parallel, 8)  # fmt: skip
 
@@ -120,7 +118,8 @@ def test_profile_design_for_the_handbook():
     assert all(not layout.mtp_standalone for layout in kept.layouts)
     apart = profile_design(HANDBOOK.model, HANDBOOK.parallel, 32, guess, standalone_mtp=True)
     assert apart.columns == ("E", "t", "m", "L") and apart.rank == 4
-    assert any(layout.mtp_standalone for layout in apart.layouts)
+    assert any(layout.mtp_standalone for layout in apart.layouts) and not apart.unidentified
+    assert kept.unidentified and "m and L apart" in kept.unidentified[0]
     flags = kept.megatron_flags(kept.layouts[0])
     assert flags[:4] == ["--pipeline-model-parallel-size", "4",
                          "--pipeline-model-parallel-layout", str(kept.layouts[0])]  # fmt: skip
@@ -281,8 +280,6 @@ def test_runs_without_iteration_lines_fit_no_latency():
 
 
 def test_step_ms_is_the_mean_after_the_warmup_iterations():
-    from ray_layout.measure.fit import STEP_WARMUP, observation_from_records
-
     layout = Layout.parse(KEPT[0], HANDBOOK.parallel.pp)
     parsed = parse_log(synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, TRUTH,
                                      MICROBATCHES))  # fmt: skip

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from ray_layout.commands.cli import main
-from ray_layout.measure.fit import fit_costs, observation_from_log
+from ray_layout.commands.main import main
+from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.ingest import LoggedRun, ingest, observations_from_store
 from ray_layout.measure.logs import parse_log_file
+from ray_layout.measure.observations import observation_from_log
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import load_costs
 from ray_layout.model.layout import Layout

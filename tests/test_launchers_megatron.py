@@ -256,13 +256,13 @@ def test_extra_split_flags_clash_with_a_layout():
         (["--num-layer", "4"], "unknown Megatron flag --num-layer"),
         (["--bf16", "yes"], "argument 'yes' is not a flag"),
         (["--bf16=1"], "--bf16 takes no value"),
-        (["--seed"], "--seed expects 1 value(s), got 0"),
-        (["--seed", "--bf16"], "--seed expects 1 value(s), got 0"),
+        (["--seed"], "--seed expects 1 value, got 0"),
+        (["--seed", "--bf16"], "--seed expects 1 value, got 0"),
         (["--train-iters", "ten"], "--train-iters needs a value of type int, got 'ten'"),
         (["--lr", "$LR"], "--lr needs a value of type float, got '$LR'"),
         (["--timing-log-level", "3"], "--timing-log-level must be one of 0, 1, 2, got '3'"),
         (["--moe-router-load-balancing-type", "aux_loss", "bogus"], "got 'bogus'"),
-        (["--rampup-batch-size", "16", "16"], "--rampup-batch-size expects 3 value(s), got 2"),
+        (["--rampup-batch-size", "16", "16"], "--rampup-batch-size expects 3 values, got 2"),
     ],
 )
 def test_check_arguments_errors(args, message):

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from ray_layout.ab import live as live_ab
+from ray_layout.ab.cost import gpu_seconds
 from ray_layout.ab.live import (
     SETTLED,
     Arm,
@@ -26,12 +27,14 @@ from ray_layout.ab.live import (
 from ray_layout.ab.live import (
     test_id as ab_test_id,
 )
-from ray_layout.ab.stats import ABConfig, gpu_seconds
+from ray_layout.ab.stats import ABConfig
+from ray_layout.ab.vocabulary import ArmRole
 from ray_layout.measure.log_format import iteration_line, memory_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
-from ray_layout.runtime.cluster import FINISHED, STOPPED, RunResult
+from ray_layout.runtime.failures import FINISHED, STOPPED
 from ray_layout.runtime.profiling import ProfiledRun
+from ray_layout.runtime.spec import RunResult
 
 # 2 warm-up steps, batches of 3, looks after 2 and 4 batches: look 0 at 8 lines, budget 14
 CONFIG = ABConfig(warmup_iterations=2, batch_size=3, looks=(2, 4))
@@ -45,8 +48,8 @@ MEMORY = (40.0, 50.0, 45.0, 30.0)  # predicted GiB per stage: headroom 30 GiB
 WHEN = datetime(2025, 1, 2, 3, 4, 5)
 
 
-def make_arm(name, memory=MEMORY, role="candidate"):
-    return Arm(name, Layout.parse(LAYOUTS[name], 4), role, 100.0, tuple(memory))
+def make_arm(name, memory=MEMORY, role=ArmRole.CANDIDATE):
+    return Arm(name, Layout.parse(LAYOUTS[name], 4), (role,), 100.0, tuple(memory))
 
 
 def live(*names, memory=None, **kwargs):
@@ -216,8 +219,9 @@ def test_an_arm_run_to_its_budget_still_competes():
     """Settling needs every other arm stopped or failed: against an arm that ran its whole
     budget the final comparison needs this arm's whole budget too."""
     fast = steps(CONFIG.max_iterations, 100.0, seed=1)
-    # first 6 steady steps 1% faster than fast, the next 6 2% slower: 0.5% slower over all
-    other = steps(2, 100.0, seed=2) + steps(6, 99.0, seed=3) + steps(6, 102.0, seed=4)
+    # first 6 steady steps 1% faster than fast but too noisy to be shown tied at the first look,
+    # the next 6 2% slower: 0.5% slower over all
+    other = steps(2, 100.0, seed=2) + steps(6, 99.0, seed=3, cv=0.03) + steps(6, 102.0, seed=4)
     test = live("fast", "other")
     feed(test.watch("fast"), "f", fast)
     assert feed(test.watch("other"), "o", other[:8], chunk=8) == [None]
@@ -418,7 +422,7 @@ def test_write_decisions_adds_only_what_is_new(tmp_path):
 
 
 def test_test_id_is_stable_and_digests_arms_and_settings():
-    arms = [make_arm("fast"), make_arm("slow", role="Megatron default")]
+    arms = [make_arm("fast"), make_arm("slow", role=ArmRole.DEFAULT)]
     key = ab_test_id(arms, CONFIG)
     assert re.fullmatch(r"ab-[0-9a-f]{12}", key)
     assert key == ab_test_id([make_arm("fast"), make_arm("slow")], ABConfig(2, 3, (2, 4)))
@@ -470,3 +474,42 @@ def test_measured_headroom_does_not_depend_on_which_stage_is_missing():
     test.end("other", run_of("other", FINISHED), (70.0, math.nan, 60.0, 50.0))
     first, second = test.trace("fast").headroom_gib, test.trace("other").headroom_gib
     assert first == second or (math.isnan(first) and math.isnan(second))
+
+
+# --- predictions and ties ----------------------------------------------------------------------
+
+
+def test_an_arm_predicted_to_lose_by_far_is_looked_at_sooner():
+    config = ABConfig(warmup_iterations=2, batch_size=3, looks=(4, 8))
+    arms = [replace(make_arm("fast"), critical_stages=2, predicted_cv=0.01),
+            replace(make_arm("slow", role=ArmRole.DEFAULT), predicted_ms=150.0,
+                    predicted_cv=0.01)]  # fmt: skip
+    test = LiveTest(arms, config, HBM)
+    assert test.first_looks == {"slow": 2}
+    early = config.warmup_iterations + 2 * config.batch_size  # 8 lines, not 14
+    assert feed(test.watch("fast"), "f", steps(early, 100.0, seed=1)) == [None] * 3
+    reasons = feed(test.watch("slow"), "s", steps(early, 130.0, seed=2), chunk=early)
+    assert reasons[0] is not None and "slower than" in reasons[0]
+    (stop,) = [d for d in test.decisions() if d.arm == "slow"]
+    assert (stop.look, stop.n_steady, stop.reference) == (0, 6, "fast")
+    assert test.trace("fast").critical_stages == 2
+    # the survivor still waits for its own first look (12 steady steps) before it settles
+    more = feed(test.watch("fast"), "f", steps(6, 100.0, seed=3), chunk=1, start=early + 1)
+    assert more[:-1] == [None] * 5 and more[-1] == SETTLED
+
+
+def test_a_tied_pair_stops_whichever_loses_the_tie_break_even_the_best():
+    test = live("fast", "other", memory={"fast": (70.0,) * 4})  # headroom 10 against 30 GiB
+    first_look = CONFIG.warmup_iterations + CONFIG.look_iterations(0)
+    fast = test.watch("fast")
+    feed(fast, "f", steps(first_look, 100.0, seed=1))
+    reasons = feed(test.watch("other"), "o", steps(first_look, 100.4, seed=2))
+    assert reasons[-1] == SETTLED  # the best stopped on the tie: the other is left alone
+    decisions = {d.arm: d for d in test.decisions()}
+    stop = decisions["fast"]
+    assert (stop.action, stop.look, stop.reference) == ("stop", 0, "other")
+    assert "cannot win the tie-break" in stop.reason and "10.0 GiB vs 30.0 GiB" in stop.reason
+    assert fast("f", []) == stop.reason  # its run ends at its next poll
+    test.end("fast", run_of("fast", STOPPED, "early-stop", stop.reason), None)
+    test.end("other", run_of("other", STOPPED, "early-stop", SETTLED), None)
+    assert next(d.arm for d in test.finish() if d.action == "win") == "other"

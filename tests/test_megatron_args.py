@@ -11,6 +11,8 @@ from ray_layout.model.megatron_args import (
     load_megatron_command_line,
     load_megatron_script,
     megatron_flag_table,
+    parse_flags,
+    walk_flags,
 )
 from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig
 
@@ -176,6 +178,19 @@ def test_comment_ends_a_continued_command_as_in_bash():
     script = f"python pretrain_gpt.py {BASE} \\\n  # --swiglu \\\n  --qk-layernorm\n"
     model = load_megatron_command_line(script).model
     assert not model.swiglu and not model.qk_layernorm
+
+
+def test_one_walk_for_scripts_and_argument_lists():
+    """The loader skips the words a launch script leaves around; an argument list is strict."""
+    words = ["2", "--seed", "7", "--data-path", "--lr=0.5", "--bf16"]
+    uses = [(use.flag, use.values) for use in walk_flags(words, "x", strict=False)]
+    assert uses == [("--seed", ("7",)), ("--data-path", ()), ("--lr", ("0.5",)), ("--bf16", ())]
+    assert parse_flags(words, "x") == {"seed": 7, "data_path": [], "lr": 0.5, "bf16": True}
+    with pytest.raises(ConfigError, match=r"^x: argument '2' is not a flag"):
+        list(walk_flags(words, "x", strict=True))
+    with pytest.raises(ConfigError, match=r"^x: unknown Megatron flag -s$"):
+        list(walk_flags(["-s"], "x", strict=True))
+    assert list(walk_flags(["-s"], "x", strict=False)) == []
 
 
 def test_flag_table_is_cached_and_complete():

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.measure.logs import (
     LEVEL1_TIMERS,
     LEVEL2_TIMERS,
@@ -276,7 +277,9 @@ def test_a_truncated_last_line_is_skipped_and_counted() -> None:
     parsed = parse_log(text)
     assert parsed.timers == CLEAN.timers
     assert parsed.skipped_lines == 1
-    assert parsed.skipped_examples == (f"line {len(clean_lines()) + 1}: 'rank  3: 12'",)
+    assert parsed.skipped_examples == (
+        f"line {len(clean_lines()) + 1}: 'rank  3: 12' (cut off: the log ends without a newline)",
+    )
 
 
 def test_a_last_line_without_newline_is_skipped_even_if_it_parses() -> None:
@@ -328,8 +331,16 @@ def test_malformed_lines_are_skipped_and_counted() -> None:
     assert parsed.skipped_lines == len(MALFORMED)
     assert len(parsed.skipped_examples) == SKIPPED_EXAMPLES
     assert parsed.skipped_examples[0].startswith("line 1: '[2026-03-16 10:00:12.345678] iter")
-    assert parsed.skipped_examples[0].endswith("…'")
-    assert parsed.skipped_examples[4] == f"line {at + 5}: 'rank  9: 12.3.4'"
+    assert parsed.skipped_examples[0].endswith(
+        "…' (an iteration line cut short or with a value that is no number)"
+    )
+    assert parsed.skipped_examples[2] == (
+        f"line {at + 3}: '[Rank 2] (after 1 iterations) memory (MB) | allocated: 1.00 | max "
+        "allocated: 2.0…' (a memory line without its four sizes)"
+    )
+    assert parsed.skipped_examples[4] == (
+        f"line {at + 5}: 'rank  9: 12.3.4' (a timer entry whose value is no number)"
+    )
 
 
 def test_a_damaged_header_orphans_its_entries() -> None:
@@ -520,7 +531,7 @@ def test_everything_at_once() -> None:
 
 def test_non_megatron_text_is_a_one_line_error() -> None:
     text = "\n  \nTraceback (most recent call last):\n" + "x" * 200 + "\n"
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(MeasurementError) as error:
         parse_log(text, source="runs/a.log")
     assert str(error.value) == (
         "runs/a.log: no Megatron timers, iteration or memory lines found "
@@ -529,23 +540,30 @@ def test_non_megatron_text_is_a_one_line_error() -> None:
 
 
 def test_error_for_empty_text_and_long_first_line() -> None:
-    with pytest.raises(ConfigError, match=r"^log: .* found \(the text is empty\)$"):
+    with pytest.raises(MeasurementError, match=r"^log: .* found \(the text is empty\)$"):
         parse_log("\n\n")
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(MeasurementError) as error:
         parse_log("é" * 300 + "\r\nmore\n")
     message = str(error.value)
     assert "\n" not in message and message.endswith("(line 1: '" + "é" * 80 + "…')")
 
 
-def test_malformed_lines_alone_are_an_error() -> None:
-    with pytest.raises(ConfigError, match="no Megatron timers"):
+def test_malformed_lines_alone_are_an_error_that_says_why() -> None:
+    with pytest.raises(MeasurementError) as error:
         parse_log(as_text(MALFORMED))
+    assert str(error.value).startswith(
+        "log: no Megatron timers, iteration or memory lines could be read: 6 line(s) that look "
+        "like them were dropped, first line 1: '[2026-03-16"
+    )
+    assert str(error.value).endswith(
+        "(an iteration line cut short or with a value that is no number)"
+    )
 
 
 def test_file_errors_name_the_file(tmp_path: Path) -> None:
     path = tmp_path / "empty.log"
     path.write_text("hello\n")
-    with pytest.raises(ConfigError) as error:
+    with pytest.raises(MeasurementError) as error:
         parse_log_file(path)
     assert str(error.value).startswith(f"{path}: no Megatron ")
     assert str(error.value).endswith("(line 1: 'hello')")
@@ -629,3 +647,147 @@ def test_junk_lines_never_change_the_records(insertions: list[tuple[int, str]]) 
     )
     assert parsed.skipped_lines >= base.skipped_lines
     assert isinstance(parsed, ParsedLog)
+
+
+# megatron-core 0.16.1's own Timers as the oracle: it formats its strings on the CPU; only the
+# cross-rank gather (an all-gather on the GPU) is replaced by the table it would gather.
+
+ORACLE_MS = {  # timer -> ms per rank (0 where a rank has no value: Megatron leaves it out)
+    "forward-backward": [1234.5, 1236.25, 1230.125, 1235.0],
+    "forward-compute": [310.4, 0.0, 288.91, 402.0],
+    "optimizer": [20.5, 20.1, 0.0, 19.75],
+    "a-timer-name-of-forty-seven-characters-or-more-x": [1.0, 2.0, 3.0, 4.0],
+}
+ORACLE_INTERVAL = 10
+
+
+def megatron_timers_string(option: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    torch = pytest.importorskip("torch")
+    timers_module = pytest.importorskip("megatron.core.timers")
+    names = list(ORACLE_MS)
+    world = len(ORACLE_MS[names[0]])
+    seconds = torch.tensor(
+        [[ORACLE_MS[n][r] * ORACLE_INTERVAL / 1000 for n in names] for r in range(world)]
+    )
+    timers = timers_module.Timers(log_level=2, log_option=option)
+    monkeypatch.setattr(timers, "_get_elapsed_time_all_ranks", lambda *_: seconds)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *_: world)
+    return timers.get_all_timers_string(names, normalizer=ORACLE_INTERVAL)
+
+
+def oracle_expected(option: str) -> list[tuple[str, int | None, str, float]]:
+    """(timer, rank, stat, ms) as Megatron computes them, before printing with 2 decimals."""
+    rows = []
+    for name, per_rank in ORACLE_MS.items():
+        reported = [(rank, ms) for rank, ms in enumerate(per_rank) if ms > 0]
+        if option == "all":
+            rows += [(name, rank, "rank", ms) for rank, ms in reported]
+        else:
+            values = [ms for _, ms in reported]
+            stats = [("max", max(values))] if option == "max" else [
+                ("min", min(values)), ("max", max(values))]  # fmt: skip
+            rows += [(name, None, stat, ms) for stat, ms in stats]
+    return rows
+
+
+@pytest.mark.parametrize("option", ["all", "minmax", "max"])
+def test_the_parser_reads_what_megatron_core_timers_write(option, monkeypatch) -> None:
+    text = megatron_timers_string(option, monkeypatch)
+    parsed = parse_log(TIMERS_LOGGER + text + "\n")
+    got = [(r.timer, r.rank, r.stat, r.ms) for r in parsed.timers]
+    expected = oracle_expected(option)
+    assert [row[:3] for row in got] == [row[:3] for row in expected]
+    assert [row[3] for row in got] == pytest.approx([row[3] for row in expected], abs=0.006)
+    assert {r.interval for r in parsed.timers} == {0} and parsed.skipped_lines == 0
+
+
+@pytest.mark.parametrize("option", ["all", "minmax", "max"])
+def test_log_format_writes_the_bytes_megatron_core_writes(option, monkeypatch) -> None:
+    """What the emulated Megatron and the synthetic runs print is Megatron's own text."""
+    from ray_layout.measure.log_format import timers_all, timers_max, timers_minmax
+
+    text = megatron_timers_string(option, monkeypatch)
+    records = parse_log(text + "\n").timers
+    if option == "all":
+        by_rank: dict[str, dict[int, float]] = {name: {} for name in ORACLE_MS}
+        for r in records:
+            by_rank[r.timer][r.rank] = r.ms
+        written = timers_all(by_rank)
+    elif option == "max":
+        written = timers_max({r.timer: r.ms for r in records})
+    else:
+        low = {r.timer: r.ms for r in records if r.stat == "min"}
+        high = {r.timer: r.ms for r in records if r.stat == "max"}
+        written = timers_minmax({name: (low[name], high[name]) for name in low})
+    assert written == text
+
+
+# Megatron before core (megatron/timers.py, 2019-2022) printed one line on the last rank:
+#   string = 'time (ms)'; string += ' | {}: {:.2f}'.format(name, elapsed_time) per timer.
+
+
+def test_the_one_line_timer_format_of_megatron_before_core() -> None:
+    lines = [
+        iteration_line(10),
+        "time (ms) | forward-compute: 193.77 | backward-compute: 402.34 | optimizer: 20.05",
+        iteration_line(20),
+        "[default7]:time (ms) | forward-compute: 190.12 | backward-compute: 401.00",
+    ]
+    parsed = parse_log(as_text(lines))
+    assert parsed.timers == (
+        TimerRecord(0, 10, None, "forward-compute", 193.77, "last"),
+        TimerRecord(0, 10, None, "backward-compute", 402.34, "last"),
+        TimerRecord(0, 10, None, "optimizer", 20.05, "last"),
+        TimerRecord(1, 20, None, "forward-compute", 190.12, "last"),
+        TimerRecord(1, 20, None, "backward-compute", 401.0, "last"),
+    )
+    assert parsed.training_intervals == (0, 1) and parsed.skipped_lines == 0
+
+
+def test_deepspeeds_own_time_lines_are_not_megatrons() -> None:
+    deepspeed = (
+        "[2024-04-04 09:36:28,430] [INFO] [logging.py:96:log_dist] [Rank 0] time (ms) | "
+        "fwd: 11336.33 | bwd: 7134.75 | step: 2564.02"
+    )
+    parsed = parse_log(as_text([deepspeed, iteration_line(1)]))
+    assert parsed.timers == () and parsed.skipped_lines == 0
+
+
+def test_an_iteration_line_with_a_segment_that_is_not_key_value_is_kept() -> None:
+    line = iteration_line(4).replace(
+        " | learning rate", " | iteration time: 270.125 s samples/sec: 3.8 | learning rate"
+    )
+    parsed = parse_log(as_text([line]))
+    plain = parse_log(as_text([iteration_line(4)])).iterations[0]
+    assert parsed.iterations[0] == replace(plain, unknown_segments=1)
+    assert parsed.unknown_segments == 1
+
+
+def test_records_glued_onto_one_line_are_split_and_all_kept() -> None:
+    first, second = memory_line(9, 1), memory_line(8, 1)
+    block = max_block(MAX_TIMES)
+    lines = [first + second, iteration_line(10) + block[0], *block[1:3]]
+    lines[-1] += "training ..."  # print_rank_0 output glued after the last value
+    parsed = parse_log(as_text(lines))
+    assert [m.rank for m in parsed.memory] == [9, 8]
+    assert [(r.interval, r.iteration, r.timer) for r in parsed.timers] == [
+        (0, 10, "forward-backward"),
+        (0, 10, "optimizer"),
+    ]
+    assert parsed.split_lines == 3 and parsed.skipped_lines == 0
+
+
+def test_eval_and_checkpoint_blocks_are_never_training() -> None:
+    lines = [
+        *minmax_block({"model-and-optimizer-setup": (4100.0, 4125.5)}),
+        iteration_line(10),
+        *minmax_block({"evaluate": (57313.42, 57314.02)}),
+        iteration_line(20),
+        *minmax_block({"save-checkpoint": (30421.34, 30421.36)}),
+        iteration_line(30),
+        *minmax_block({"forward-backward": (1.0, 2.0)}),
+        *minmax_block({"evaluate": (5.0, 6.0)}),
+    ]
+    parsed = parse_log(as_text(lines))
+    assert parsed.intervals == (0, 1, 2, 3, 4)
+    assert parsed.training_intervals == (3,)

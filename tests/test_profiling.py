@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.emulated_megatron import load_profile
+from launchers.emulated.profile import load_profile
 from launchers.megatron import ProfileSettings
 from ray_layout.errors import ConfigError
 from ray_layout.measure.fit import fit_costs
@@ -67,7 +67,7 @@ def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_pat
 
 
 def test_profile_command_refuses_a_megatron_backend_without_a_checkout(capsys):
-    from ray_layout.commands.cli import main
+    from ray_layout.commands.main import main
 
     assert main(["profile", "configs/handbook_7b_a1b.yaml", "--pp", "4", "--backend", "megatron",
                  "--store", "unused"]) == 2  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 import re
 import shlex
 import warnings
@@ -15,21 +16,24 @@ import pytest
 from rich.console import Console
 from scipy.stats import spearmanr
 
+from ray_layout.ab.decisions import Decision
+from ray_layout.ab.vocabulary import ABAction, ArmRole, ArmStatus
 from ray_layout.model.costs import load_costs
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
-from ray_layout.report.tune_report import (
+from ray_layout.report.document import render_markdown
+from ray_layout.report.sections import build_document
+from ray_layout.report.summary import (
     ArmOutcome,
+    SearchFacts,
     TuneSummary,
-    build_document,
     paste_line,
     pick_shape,
     prediction_accuracy,
-    print_summary,
-    render_markdown,
     speedups,
-    write_report,
 )
+from ray_layout.report.terminal import print_summary
+from ray_layout.report.write import write_report
 from search.planner import PlanOptions, SearchSpec, simulate_given
 
 HANDBOOK = "configs/handbook_7b_a1b.yaml"
@@ -40,17 +44,17 @@ COUNT = "Et*4|t*5|t*5|t*2mL"
 HBM = 131.0
 
 
-def arm(name, predicted, measured, role="candidate", layout=None, status=None, **kw):
+def arm(name, predicted, measured, layout=None, status=None, **kw):
     """A small arm with round numbers, for the arithmetic tests."""
     return ArmOutcome(
         arm=name,
         layout=layout or f"Et*{len(name)}|L",
-        role=role,
+        roles=(ArmRole.CANDIDATE,),
         predicted_ms=predicted,
         measured_ms=measured,
         ci_ms=None if measured is None else (measured - 1.0, measured + 1.0),
         iterations=0 if measured is None else 30,
-        status=status or ("not run" if measured is None else "lost"),
+        status=status or (ArmStatus.NOT_RUN if measured is None else ArmStatus.LOST),
         reason="",
         predicted_memory_gib=(),
         measured_memory_gib=None,
@@ -91,41 +95,49 @@ def summary() -> TuneSummary:
     }
     # (arm, layout, role, measured, steady iterations, status, reason)
     table = [
-        ("candidate-1", PICK, "candidate", 6310.0, 40, "won", "fastest; every rival stopped"),
+        (
+            "candidate-1",
+            PICK,
+            ArmRole.CANDIDATE,
+            6310.0,
+            40,
+            ArmStatus.WON,
+            "fastest; every rival stopped",
+        ),
         (
             "candidate-2",
             "Et*5|t*5|t*6|mL",
-            "candidate",
+            ArmRole.CANDIDATE,
             6420.0,
             24,
-            "stopped",
+            ArmStatus.STOPPED,
             "slower than candidate-1, p = 0.003 < 0.01",
         ),
         (
             "candidate-3",
             "Et*4|t*6|t*6|mL",
-            "candidate",
+            ArmRole.CANDIDATE,
             None,
             0,
-            "failed",
+            ArmStatus.FAILED,
             "rank 2 ran out of memory (CUDA OOM)",
         ),
         (
             "default",
             DEFAULT,
-            "Megatron default",
+            ArmRole.DEFAULT,
             9400.0,
             12,
-            "stopped",
+            ArmStatus.STOPPED,
             "slower than candidate-1 at look 1",
         ),
         (
             "count-based",
             COUNT,
-            "count-based rule",
+            ArmRole.COUNT_BASED,
             7450.0,
             16,
-            "stopped",
+            ArmStatus.STOPPED,
             "slower than candidate-1 at look 2",
         ),
     ]
@@ -136,7 +148,7 @@ def summary() -> TuneSummary:
             ArmOutcome(
                 arm=name,
                 layout=layout,
-                role=role,
+                roles=(role,),
                 predicted_ms=sim.candidate.mean_ms,
                 measured_ms=measured,
                 ci_ms=None if measured is None else (measured - 15.0, measured + 15.0),
@@ -152,51 +164,15 @@ def summary() -> TuneSummary:
             )
         )
     decisions = (
-        {
-            "arm": "default",
-            "layout": DEFAULT,
-            "look": 1,
-            "action": "stop",
-            "reason": "slower than candidate-1",
-            "statistic": -9.1,
-            "p_value": 1.2e-6,
-            "n_steady": 12,
-            "mean_ms": 9400.0,
-        },
-        {
-            "arm": "count-based",
-            "layout": COUNT,
-            "look": 2,
-            "action": "stop",
-            "reason": "slower than candidate-1",
-            "statistic": -5.2,
-            "p_value": 4.0e-4,
-            "n_steady": 16,
-            "mean_ms": 7450.0,
-        },
-        {
-            "arm": "candidate-2",
-            "layout": "Et*5|t*5|t*6|mL",
-            "look": 3,
-            "action": "stop",
-            "reason": "slower than candidate-1",
-            "statistic": -3.1,
-            "p_value": 0.003,
-            "n_steady": 24,
-            "mean_ms": 6420.0,
-        },
-        {
-            "arm": "candidate-1",
-            "layout": PICK,
-            "look": 4,
-            "action": "win",
-            "reason": "every rival stopped",
-            "statistic": None,
-            "p_value": None,
-            "n_steady": 40,
-            "mean_ms": 6310.0,
-        },
-    )
+        Decision("default", DEFAULT, 1, ABAction.STOP, "slower than candidate-1", -9.1, 1.2e-6,
+                 "candidate-1", 12, 9400.0),
+        Decision("count-based", COUNT, 2, ABAction.STOP, "slower than candidate-1", -5.2, 4.0e-4,
+                 "candidate-1", 16, 7450.0),
+        Decision("candidate-2", "Et*5|t*5|t*6|mL", 3, ABAction.STOP, "slower than candidate-1",
+                 -3.1, 0.003, "candidate-1", 24, 6420.0),
+        Decision("candidate-1", PICK, 4, ABAction.WIN, "every rival stopped", math.nan, math.nan,
+                 None, 40, 6310.0),
+    )  # fmt: skip
     return TuneSummary(
         model="handbook_7b_a1b",
         config=HANDBOOK,
@@ -223,7 +199,7 @@ def summary() -> TuneSummary:
         timelines=sims,
         unit_costs=costs,
         fit_warnings=("unit m: residual 4.1% above the 3% target",),
-        search={"method": "enumeration", "valid_layouts": 816, "scored": 680, "seconds": 0.08},
+        search=SearchFacts(method="enumeration", valid_layouts=816, scored=680, seconds=0.08),
         gpu_seconds_spent=1200.0,
         gpu_seconds_full=2000.0,
         phase_seconds={
@@ -251,7 +227,7 @@ def _no_ab(summary: TuneSummary) -> TuneSummary:
             measured_ms=None,
             ci_ms=None,
             iterations=0,
-            status="not run",
+            status=ArmStatus.NOT_RUN,
             reason="no A/B asked",
             measured_memory_gib=None,
             gpu_seconds=0.0,
@@ -315,7 +291,9 @@ def test_speedup_basis_switches_from_measured_to_predicted(summary):
 
     # the default never measured: its speedup falls back to prediction, the other stays measured
     arms = tuple(
-        dataclasses.replace(a, measured_ms=None, status="failed") if a.arm == "default" else a
+        dataclasses.replace(a, measured_ms=None, status=ArmStatus.FAILED)
+        if a.arm == "default"
+        else a
         for a in summary.arms
     )
     found = speedups(dataclasses.replace(summary, arms=arms))
@@ -333,7 +311,9 @@ def test_speedup_basis_switches_from_measured_to_predicted(summary):
 
     # the count-based rule itself won: 1.00x over it, measured on the one arm
     won = tuple(
-        dataclasses.replace(a, status="won" if a.arm == "count-based" else "stopped")
+        dataclasses.replace(
+            a, status=ArmStatus.WON if a.arm == "count-based" else ArmStatus.STOPPED
+        )
         for a in summary.arms
     )
     found = speedups(dataclasses.replace(summary, arms=won, pick=COUNT))
@@ -342,7 +322,7 @@ def test_speedup_basis_switches_from_measured_to_predicted(summary):
 
     # the count-based layout ran as a candidate arm ("candidate + count-based rule"): found
     merged = tuple(
-        dataclasses.replace(a, arm="candidate-9", role="candidate + count-based rule")
+        dataclasses.replace(a, arm="candidate-9", roles=(ArmRole.CANDIDATE, ArmRole.COUNT_BASED))
         if a.arm == "count-based" else a
         for a in summary.arms
     )  # fmt: skip
@@ -541,7 +521,7 @@ def test_a_bare_summary_renders(summary, tmp_path):
         arms=(),
         timelines={},
         unit_costs=None,
-        search={},
+        search=None,
         phase_seconds={},
         fit_warnings=(),
         notes=(),

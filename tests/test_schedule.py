@@ -15,10 +15,8 @@ from search.schedule import (
     compile_schedule,
     compute_order,
     rank_ops,
-    simulate,
-    stage_durations,
-    timeline,
 )
+from search.simulator import simulate, stage_durations, timeline
 from tests.megatron_oracle import MEGATRON_CPU_WARNINGS
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in MEGATRON_CPU_WARNINGS]

@@ -3,6 +3,7 @@ and what a writer killed half way leaves behind."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -13,6 +14,8 @@ from unittest import mock
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 
 from ray_layout.errors import ConfigError
@@ -92,15 +95,27 @@ def test_a_column_added_later_is_kept_with_nulls_for_older_rows(tmp_path, monkey
         (lambda s: s.write("runs", [{"run_id": "r", "pp": 2.5}], "s"), "column 'pp'"),
         (lambda s: s.write("runs", [], "s"), "no rows"),
         (lambda s: s.write("runs", [{"run_id": "r", "study": "t"}], "s"), "another study"),
-        (lambda s: s.write("runs", [{"run_id": "r"}], "../up"), "study id"),
-        (lambda s: s.read("runs", ".hidden"), "study id"),
         (lambda s: s.write_run(RUN, {"runs": [{"run_id": "r"}]}, "s"), "write_run takes"),
         (lambda s: s.write_run(RUN, {"timers": [{"run_id": "x"}]}, "s"), "another run_id"),
         (lambda s: s.read_run_data("runs"), "read_run_data reads"),
     ],
 )
-def test_bad_input_is_one_line_config_error(tmp_path, call, match):
-    with pytest.raises(ConfigError, match=match) as excinfo:
+def test_a_callers_mistake_is_a_one_line_value_error(tmp_path, call, match):
+    with pytest.raises(ValueError, match=match) as excinfo:
+        call(CostStore(tmp_path))
+    assert not isinstance(excinfo.value, ConfigError)
+    assert "\n" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: s.write("runs", [{"run_id": "r"}], "../up"),
+        lambda s: s.read("runs", ".hidden"),
+    ],
+)
+def test_a_bad_study_id_is_a_one_line_config_error(tmp_path, call):
+    with pytest.raises(ConfigError, match="study id") as excinfo:
         call(CostStore(tmp_path))
     assert "\n" not in str(excinfo.value)
 
@@ -232,21 +247,90 @@ def test_a_writer_killed_before_its_rename_leaves_only_an_ignored_temp_file(tmp_
     assert store.studies() == []
 
 
-def test_a_run_whose_writer_died_is_invisible_until_a_stale_claim_is_taken_over(tmp_path):
+def test_a_run_whose_writer_died_is_invisible_and_taken_over_at_once(tmp_path):
     killed = SPAWN.Process(target=_die_before_runs_row, args=(str(tmp_path),))
     assert run_processes(killed) == [-signal.SIGKILL]
-    store = CostStore(tmp_path)
+    store = CostStore(tmp_path)  # the default 10-minute timeout: the dead pid is what counts
     assert store.read("runs").empty
     for table in RUN_DATA_TABLES:
         assert store.read_run_data(table).empty
         assert len(store.read(table)) == len(RUN_TABLES[table])  # orphans, on disk only
-    assert store.write_run(RUN, RUN_TABLES, "s") is False  # a fresh claim: its writer may live
+    assert store.write_run(RUN, RUN_TABLES, "s") is True
+    assert store.write_run(RUN, RUN_TABLES, "s") is False
+    assert store.read("runs")["run_id"].tolist() == ["r1"]
+    for table in RUN_DATA_TABLES:
+        assert len(store.read_run_data(table)) == len(RUN_TABLES[table])
+        assert len(store.read(table)) == len(RUN_TABLES[table])  # the orphans are gone
 
-    patient = CostStore(tmp_path, stale_claim_s=0.2)
+
+def _claim_of(root: Path) -> Path:
+    (claim,) = (path for path in (root / "_claims" / "s").iterdir() if "." not in path.name)
+    return claim
+
+
+def _rewrite_claim(claim: Path, **changes: Any) -> None:
+    mtime = claim.stat().st_mtime
+    claim.write_text(json.dumps({**json.loads(claim.read_text()), **changes}))
+    os.utime(claim, (mtime, mtime))
+
+
+def test_a_claim_of_a_live_or_remote_writer_holds_until_it_goes_stale(tmp_path):
+    killed = SPAWN.Process(target=_die_before_runs_row, args=(str(tmp_path),))
+    assert run_processes(killed) == [-signal.SIGKILL]
+    claim = _claim_of(tmp_path)
+    _rewrite_claim(claim, pid=os.getpid(), started=None)  # a live process holds it
+    assert CostStore(tmp_path).write_run(RUN, RUN_TABLES, "s") is False
+    _rewrite_claim(claim, pid=os.getpid(), started="1")  # the pid, reused by a newer process
+    assert CostStore(tmp_path).write_run(RUN, RUN_TABLES, "s") is True
+
+    other = tmp_path / "other"
+    killed = SPAWN.Process(target=_die_before_runs_row, args=(str(other),))
+    assert run_processes(killed) == [-signal.SIGKILL]
+    _rewrite_claim(_claim_of(other), host="another-host")  # its pid says nothing here
+    assert CostStore(other).write_run(RUN, RUN_TABLES, "s") is False
+    patient = CostStore(other, stale_claim_s=0.2)
     time.sleep(0.3)
     assert patient.write_run(RUN, RUN_TABLES, "s") is True
-    assert patient.write_run(RUN, RUN_TABLES, "s") is False
     assert patient.read("runs")["run_id"].tolist() == ["r1"]
-    for table in RUN_DATA_TABLES:
-        assert len(patient.read_run_data(table)) == len(RUN_TABLES[table])
-        assert len(patient.read(table)) == len(RUN_TABLES[table])  # the orphans are gone
+
+
+@pytest.mark.parametrize("table", list(TABLE_SCHEMAS))
+def test_every_table_is_a_hive_dataset_pandas_and_pyarrow_read(tmp_path, table):
+    store = CostStore(tmp_path)
+    for study in ("s1", "s2"):
+        store.write(table, [sample_row(table, i) for i in range(2)], study)
+    folder = tmp_path / f"table={table}"
+    by_pandas = pd.read_parquet(folder)
+    by_arrow = ds.dataset(folder, format="parquet", partitioning="hive").to_table().to_pandas()
+    ours = store.read(table)
+    for frame in (by_pandas, by_arrow):
+        assert sorted(frame.columns) == sorted(ours.columns)
+        assert sorted(frame["study"].astype(str)) == ["s1", "s1", "s2", "s2"]
+        assert set(frame["schema_version"]) == {SCHEMA_VERSION}
+    assert "study" not in pq.read_schema(next(folder.glob("study=s1/part-*.parquet"))).names
+
+
+@pytest.mark.parametrize("table", ["runs", "timers"])
+def test_duckdb_reads_a_table_as_the_docs_say(tmp_path, table):
+    duckdb = pytest.importorskip("duckdb")
+    store = CostStore(tmp_path)
+    for study in ("s1", "s2"):
+        store.write(table, [sample_row(table, i) for i in range(2)], study)
+    files = f"{tmp_path}/table={table}/study=*/part-*.parquet"
+    query = f"select * from read_parquet('{files}', hive_partitioning=true, union_by_name=true)"
+    got = duckdb.connect().sql(query).df()
+    assert set(got.pop("table")) == {table}  # DuckDB takes every key=value folder of the path
+    assert sorted(got.columns) == sorted(store.read(table).columns)
+    assert sorted(got["study"]) == ["s1", "s1", "s2", "s2"]
+
+
+def test_version_1_files_with_study_inside_are_still_read(tmp_path):
+    store = CostStore(tmp_path)
+    store.write("runs", [{"run_id": "new", "pp": 2}], "s")
+    old = pa.table({"run_id": ["old"], "study": ["s"], "pp": [4], "schema_version": [1]})
+    pq.write_table(old, tmp_path / "table=runs" / "study=s" / "part-old.parquet")
+    got = store.read("runs").sort_values("run_id")
+    assert got[["run_id", "study", "pp", "schema_version"]].to_dict("records") == [
+        {"run_id": "new", "study": "s", "pp": 2, "schema_version": SCHEMA_VERSION},
+        {"run_id": "old", "study": "s", "pp": 4, "schema_version": 1},
+    ]

@@ -12,14 +12,25 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 
-from ray_layout.ab.stats import ABConfig
+from ray_layout.ab.cost import ArmCost
+from ray_layout.ab.decisions import Decision
+from ray_layout.ab.live import ABOutcome, Arm, ArmResult
+from ray_layout.ab.stats import ABConfig, ArmTrace
+from ray_layout.ab.vocabulary import ABAction, ArmRole, ArmStatus
 from ray_layout.commands.tune import main
-from ray_layout.driver.tune import TuneSettings, choose_arms, paste_flags, run_tune, study_id
+from ray_layout.driver import phases
+from ray_layout.driver.phases import choose_arms
+from ray_layout.driver.settings import TuneSettings, study_id
+from ray_layout.driver.summarize import outcomes, paste_flags, refit_note
+from ray_layout.driver.tune import run_tune
+from ray_layout.errors import ConfigError, MeasurementError, RunFailure
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import load_costs
 from ray_layout.model.layout import Layout
@@ -74,16 +85,19 @@ def test_choose_arms_takes_the_top_fitting_layouts_then_both_baselines_once():
     assert [a.name for a in arms] == ["candidate-1", "candidate-2", "candidate-3", "default",
                                       "count-based"]  # fmt: skip
     assert str(arms[0].layout) == "Et*5|t*6|t*5|mL"  # the hand-checked pick (docs/search.md)
-    assert str(arms[3].layout) == "Et*4|t*4|t*4|t*4mL" and arms[3].role == "Megatron default"
+    assert str(arms[3].layout) == "Et*4|t*4|t*4|t*4mL" and arms[3].roles == (ArmRole.DEFAULT,)
     assert arms[0].predicted_ms == found.candidates[0].mean_ms
     # a baseline the search ranks among the top is one arm: its candidate name, both roles
-    count_based = found.baselines[1].candidate.layout
-    rank = next(i for i, c in enumerate(found.candidates) if c.layout == count_based)
-    merged = choose_arms(found, rank + 1)
+    rank = 1
+    ranked = (found.candidates[0], found.baselines[1].candidate, *found.candidates[1:])
+    merged = choose_arms(replace(found, candidates=ranked), rank + 1)
     layouts = [str(a.layout) for a in merged]
     assert len(layouts) == len(set(layouts)) and "count-based" not in [a.name for a in merged]
     arm = merged[rank]
-    assert (arm.name, arm.role) == (f"candidate-{rank + 1}", "candidate + count-based rule")
+    assert (arm.name, arm.roles) == (
+        f"candidate-{rank + 1}",
+        (ArmRole.CANDIDATE, ArmRole.COUNT_BASED),
+    )
 
 
 def test_paste_flags_carry_the_layout_and_its_vpp():
@@ -93,6 +107,82 @@ def test_paste_flags_carry_the_layout_and_its_vpp():
     )  # fmt: skip
     interleaved = Layout.parse("Et*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2mL", 4)
     assert interleaved.vpp == 2 and paste_flags(interleaved)[1] == "4"
+
+
+def test_each_arm_s_status_and_reason_come_from_its_last_decision():
+    config = ABConfig(warmup_iterations=2, batch_size=3, looks=(2, 4))
+    layout = Layout.parse("Et*5|t*6|t*5|mL", 4)
+
+    def result(name, n, failure=None, ran=True):
+        arm = Arm(name, layout, (ArmRole.CANDIDATE,), 100.0, (40.0,) * 4)
+        steps = (100.0,) * n
+        run = SimpleNamespace() if ran else None
+        return ArmResult(arm, ArmTrace(name, str(layout), steps, failure), run, None,
+                         ArmCost(8, 0.0, steps, config.max_iterations))  # fmt: skip
+
+    def decision(arm, look, action, reason):
+        return Decision(arm, str(layout), look, action, reason, 0.0, 0.5, None, 6, 100.0)
+
+    ab = ABOutcome(
+        "ab-test",
+        (result("won", 14), result("stopped", 8), result("failed", 5, "oom"), result("short", 4),
+         result("never", 0, ran=False)),
+        (decision("stopped", 0, ABAction.CONTINUE, "close"),
+         decision("stopped", 0, ABAction.STOP, "slower"),
+         decision("failed", 0, ABAction.STOP, "out of memory"),
+         decision("won", 2, ABAction.WIN, "won on time")),
+    )  # fmt: skip
+    rows = {o.arm: (o.status, o.reason, o.roles) for o in outcomes(ab, config)}
+    assert {arm: row[:2] for arm, row in rows.items()} == {
+        "won": (ArmStatus.WON, "won on time"),
+        "stopped": (ArmStatus.STOPPED, "slower"),
+        "failed": (ArmStatus.FAILED, "out of memory"),
+        "short": (ArmStatus.FINISHED, "no decision"),  # too few steps for any verdict
+        "never": (ArmStatus.NOT_RUN, "the test ended before its turn"),
+    }
+    assert {row[2] for row in rows.values()} == {(ArmRole.CANDIDATE,)}
+    assert ab.winner.arm.name == "won" and ab.last_decisions["stopped"].action is ABAction.STOP
+    assert [action.status for action in ABAction] == ["finished", "stopped", "won", "lost"]
+    assert [action.is_terminal for action in ABAction] == [False, True, True, True]
+
+
+def _ingested(run_id: str) -> SimpleNamespace:
+    return SimpleNamespace(ingested=SimpleNamespace(run_id=run_id))
+
+
+@pytest.mark.parametrize(
+    ("error", "surfaces"),
+    [(MeasurementError("ab-1: no steady timer interval"), False), (ConfigError("bad"), True)],
+)
+def test_refit_keeps_the_first_fit_only_for_runs_it_cannot_use_and_says_why(
+    monkeypatch, error, surfaces
+):
+    def fit(recipe, store, study, run_ids, gpus_per_node):
+        assert run_ids == ["profile-1", "ab-1"]
+        raise error
+
+    monkeypatch.setattr(phases, "fit", fit)
+    profiled = [_ingested("profile-1")]
+    results = [SimpleNamespace(run=_ingested("ab-1")), SimpleNamespace(run=None)]
+    args = (SMALL, None, "study", profiled)
+    if surfaces:  # a bad input is not "nothing new to refit"
+        with pytest.raises(ConfigError):
+            phases.refit(*args, results, GPUS_PER_NODE)
+        return
+    refined = phases.refit(*args, results, GPUS_PER_NODE)
+    assert refined.result is None and "no steady timer interval" in refined.skipped
+    assert refit_note(SMALL, refined, None, None, None) == refined.skipped  # the report says it
+    assert phases.refit(*args, [SimpleNamespace(run=None)], GPUS_PER_NODE).result is None
+
+
+def test_profiling_runs_that_cannot_be_fitted_are_a_run_failure(monkeypatch, tmp_path):
+    def fit(recipe, store, study, run_ids, gpus_per_node):
+        raise MeasurementError("profile-1: no steady timer interval")
+
+    monkeypatch.setattr(phases, "fit", fit)
+    settings = small_settings(tmp_path, "study")
+    with pytest.raises(RunFailure, match="cannot be fitted: profile-1: no steady timer interval"):
+        phases.first_fit(SMALL, None, settings, [_ingested("profile-1")])
 
 
 def test_study_id_is_stable_and_changes_with_what_changes_the_measurements():
@@ -164,12 +254,12 @@ def test_a_whole_tune_then_the_same_tune_again_from_the_store(ray_cluster, tmp_p
     store = CostStore(settings.store)
     runs = attempts(store, "whole")
     assert (runs.source == "profile").sum() == 2 and set(runs.status) <= {"finished", "stopped"}
-    arms = [a for a in summary.arms if a.status != "not run"]
+    arms = [a for a in summary.arms if a.status is not ArmStatus.NOT_RUN]
     assert len(arms) == len(runs) - 2 >= 3
     decisions = store.read("decisions", study="whole")
     assert (decisions.action == "win").sum() == 1
     assert summary.pick_source == "A/B test"
-    won = next(a for a in summary.arms if a.status == "won")
+    won = next(a for a in summary.arms if a.status is ArmStatus.WON)
     assert won.layout == summary.pick and summary.flags == paste_flags(Layout.parse(won.layout, 2))
     for arm in arms:  # the fit's predictions hold; medians, as a loaded 2-core machine spikes
         median = statistics.median(arm.steps_ms[settings.ab.warmup_iterations :])
@@ -261,18 +351,19 @@ def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
 def test_a_large_space_is_searched_on_ray_tasks_with_the_same_top(
     ray_cluster, tmp_path, monkeypatch
 ):
-    import ray_layout.driver.tune as tune
+    import ray_layout.driver.phases as phases
 
     recipe = with_parallel(HANDBOOK, pp=4)
     costs = load_costs("configs/costs/handbook_h200_example.json")
     settings = small_settings(tmp_path, "search")
-    alone, spec, _ = tune.search(recipe, costs, settings, cpus=4)
-    assert spec.shards == 1  # 680 layouts: one process
-    monkeypatch.setattr(tune, "SHARD_ABOVE", 100)
-    sharded, spec, _ = tune.search(recipe, costs, settings, cpus=4)
-    assert spec.shards == 4
-    assert [c.layout for c in sharded.candidates] == [c.layout for c in alone.candidates]
-    assert sharded.scored == alone.scored
+    alone = phases.search(recipe, costs, settings, cpus=4)
+    assert alone.spec.shards == 1  # 680 layouts: one process
+    monkeypatch.setattr(phases, "SHARD_ABOVE", 100)
+    sharded = phases.search(recipe, costs, settings, cpus=4)
+    assert sharded.spec.shards == 4
+    found, alone_found = sharded.found, alone.found
+    assert [c.layout for c in found.candidates] == [c.layout for c in alone_found.candidates]
+    assert found.scored == alone_found.scored
 
 
 def test_an_interleaved_tune_runs_its_candidates_with_their_vpp(ray_cluster, tmp_path):
@@ -280,11 +371,11 @@ def test_an_interleaved_tune_runs_its_candidates_with_their_vpp(ray_cluster, tmp
     settings = dataclasses.replace(small_settings(tmp_path, "interleaved"), ab_top=1)
     summary = run_tune(recipe, settings, CONFIG, quiet()[0], threading.Event())
 
-    def layout_of(role: str) -> Layout:
-        return next(Layout.parse(a.layout, 4) for a in summary.arms if role in a.role)
+    def layout_of(role: ArmRole) -> Layout:
+        return next(Layout.parse(a.layout, 4) for a in summary.arms if role in a.roles)
 
-    assert layout_of("candidate").vpp == 2 and layout_of("Megatron default").vpp == 2
-    assert layout_of("count-based rule").vpp == 1  # the rule knows no virtual stages
+    assert layout_of(ArmRole.CANDIDATE).vpp == 2 and layout_of(ArmRole.DEFAULT).vpp == 2
+    assert layout_of(ArmRole.COUNT_BASED).vpp == 1  # the rule knows no virtual stages
     pick = Layout.parse(summary.pick, 4)  # whichever won the A/B: the layout carries its VPP
     assert summary.flags == paste_flags(pick) and summary.parallel["vpp"] == pick.vpp
     runs = attempts(CostStore(settings.store), "interleaved")

@@ -1,15 +1,19 @@
 """The live A/B test: the top layouts and both baselines run on the cluster, judged as they go.
 
-The statistics are :mod:`ray_layout.ab.stats` (pure); this is the shell around them.  Every arm
-is one run of ``config.max_iterations`` iterations (``profiling.run_layouts`` puts them side by
-side where the cluster has room, else in rounds, best predictions first).  A watch per arm reads
-the iteration lines of its last rank as they come and, under one lock, asks
-:func:`abtest.decide_look` at each look the arm reaches, against every arm that has reached it
-too; a stopped arm's run ends at its next poll.  NaN losses, a step ``blowup`` times the best
-arm's median, OOM and hangs stop an arm at once.  The last arm standing (every other one
-stopped or failed) ends once it has passed a look: more steps cannot change
-the verdict.  Memory headroom for ties is the predicted one while an arm runs, the measured one
-after.  When every run has ended, :func:`abtest.final_decisions` names the winner.
+The statistics are :mod:`ray_layout.ab.stats` and :mod:`ray_layout.ab.decisions` (pure); this is
+the shell around them.  Every arm is one run of ``config.max_iterations`` iterations
+(``profiling.run_layouts`` puts them side by side where the cluster has room, else in rounds,
+best predictions first).  A watch per arm reads the iteration lines of its last rank as they come
+and, under one lock, asks :func:`~ray_layout.ab.decisions.decide_look` at each look the arm
+reaches, against every arm that has reached it too; a stopped arm's run ends at its next poll.
+An arm the search predicts to lose by far more than the margin has its first look earlier
+(:mod:`ray_layout.ab.schedule`); a pair shown tied within the margin is settled there by the
+tie-break, whichever of the two it stops.  NaN losses, a step ``blowup`` times the best arm's
+median, OOM and hangs stop an arm at once.
+The last arm standing (every other one stopped or failed) ends once it has passed a look: more
+steps cannot change the verdict.  Memory headroom for ties is the predicted one while an arm
+runs, the measured one after; critical stages are the predicted ones.  When every run has ended,
+:func:`~ray_layout.ab.decisions.final_decisions` names the winner.
 
 Every decision goes to the store's ``decisions`` table under a test id that digests the arms and
 the settings, so a resumed tune finds the arms that already ran (their runs and traces are in
@@ -28,23 +32,17 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ray_layout.ab.stats import (
-    ABConfig,
-    ArmCost,
-    ArmTrace,
-    Decision,
-    blowup_reason,
-    decide_look,
-    decision_rows,
-    failure_reason,
-    final_decisions,
-    steady_steps,
-)
+from ray_layout.ab.cost import ArmCost
+from ray_layout.ab.decisions import Decision, decide_look, decision_rows, final_decisions
+from ray_layout.ab.schedule import Prediction, first_looks, look_iterations
+from ray_layout.ab.stats import ABConfig, ArmTrace, blowup_reason, failure_reason, steady_steps
+from ray_layout.ab.vocabulary import ABAction, ArmRole
 from ray_layout.measure.logs import parse_iteration_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
-from ray_layout.runtime.cluster import FINISHED, STOPPED, Watch
+from ray_layout.runtime.failures import FINISHED, STOPPED
 from ray_layout.runtime.profiling import LayoutRun, ProfiledRun
+from ray_layout.runtime.spec import Watch
 
 GIB_PER_MB = 1 / 1024
 # Why the last arm standing ends early; a resumed test reads it back as "not a loss".
@@ -57,9 +55,11 @@ class Arm:
 
     name: str  # "candidate-1", ..., "default", "count-based"
     layout: Layout
-    role: str  # "candidate", "Megatron default" or "count-based rule"
+    roles: tuple[ArmRole, ...]  # a candidate the baseline rule also gives holds both
     predicted_ms: float
     predicted_memory_gib: tuple[float, ...]
+    critical_stages: int | None = None  # predicted ranks near the bottleneck (the tie-break's)
+    predicted_cv: float = 0.0  # predicted spread of one step over its mean (the fitted jitter)
 
 
 @dataclass(frozen=True)
@@ -75,13 +75,20 @@ class ArmResult:
 
 @dataclass(frozen=True)
 class ABOutcome:
+    """What the test measured and decided; empty when no A/B was asked for."""
+
     test_id: str
     results: tuple[ArmResult, ...]
     decisions: tuple[Decision, ...]
 
     @property
+    def last_decisions(self) -> dict[str, Decision]:
+        """Each arm's last decision: decisions come in the order they were made."""
+        return {d.arm: d for d in self.decisions}
+
+    @property
     def winner(self) -> ArmResult | None:
-        won = {d.arm for d in self.decisions if d.action == "win"}
+        won = {d.arm for d in self.decisions if d.action is ABAction.WIN}
         return next((r for r in self.results if r.arm.name in won), None)
 
 
@@ -121,6 +128,8 @@ class LiveTest:
         self._headroom: dict[str, float] = {}
         self._stopped: dict[str, str] = {}  # arm -> why
         self._decisions: dict[tuple[str, int], Decision] = {}
+        predictions = {a.name: Prediction(a.predicted_ms, a.predicted_cv) for a in arms}
+        self.first_looks = first_looks(predictions, config)
 
     def preload(
         self, arm: str, steps_ms: Sequence[float], failure: str | None, stopped: str | None
@@ -130,9 +139,9 @@ class LiveTest:
         with self._lock:
             state = self._state[arm]
             state.steps_ms, state.failure, state.attempt = list(steps_ms), failure, "stored"
+            steady = len(steady_steps(self._trace(arm), self.config))
             state.looks_done = sum(
-                len(steady_steps(self._trace(arm), self.config)) >= self.config.look_iterations(k)
-                for k in range(len(self.config.looks))
+                steady >= self._look_iterations(arm, k) for k in range(len(self.config.looks))
             )
             if stopped and stopped != SETTLED:
                 self._record(self._stop(self._trace(arm), stopped))
@@ -222,11 +231,12 @@ class LiveTest:
             self._record(self._stop(trace, reason, reference=best[0]))
             return reason
         state = self._state[arm]
-        while state.looks_done < len(self.config.looks) and len(
-            values
-        ) >= self.config.look_iterations(state.looks_done):
+        while state.looks_done < len(self.config.looks) and len(values) >= self._look_iterations(
+            arm, state.looks_done
+        ):
             look = state.looks_done
-            for decision in decide_look(traces, look, self.config, set(self._stopped)):
+            stopped = set(self._stopped)
+            for decision in decide_look(traces, look, self.config, stopped, self.first_looks):
                 self._record(decision)
             state.looks_done += 1
         if arm in self._stopped:
@@ -234,6 +244,9 @@ class LiveTest:
         if state.looks_done and all(self._settled(other) for other in self.arms if other != arm):
             return SETTLED  # the last arm standing: more steps cannot change the verdict
         return None
+
+    def _look_iterations(self, arm: str, look: int) -> int:
+        return look_iterations(self.config, look, self.first_looks.get(arm))
 
     def _settled(self, arm: str) -> bool:
         """Out of the running: stopped or failed.  (An arm that ran to its budget still
@@ -257,7 +270,7 @@ class LiveTest:
             arm=trace.arm,
             layout=trace.layout,
             look=self._state[trace.arm].looks_done,
-            action="stop",
+            action=ABAction.STOP,
             reason=reason,
             statistic=math.nan,
             p_value=math.nan,
@@ -268,13 +281,13 @@ class LiveTest:
 
     def _record(self, decision: Decision) -> None:
         key = (decision.arm, decision.look)
-        if decision.arm in self._stopped and decision.action != "stop":
+        if decision.arm in self._stopped and decision.action is not ABAction.STOP:
             return
-        if key in self._decisions and self._decisions[key].action == "stop":
+        if key in self._decisions and self._decisions[key].action is ABAction.STOP:
             return
         self._decisions.pop(key, None)  # re-inserted: the dict stays in the order of making
         self._decisions[key] = decision
-        if decision.action == "stop":
+        if decision.action is ABAction.STOP:
             self._stopped[decision.arm] = decision.reason
 
     def _trace(self, arm: str) -> ArmTrace:
@@ -287,6 +300,7 @@ class LiveTest:
             steps_ms=tuple(state.steps_ms),
             failure=state.failure,
             headroom_gib=self._headroom.get(arm, predicted),
+            critical_stages=self.arms[arm].critical_stages,
         )
 
     def _traces(self) -> list[ArmTrace]:

@@ -26,33 +26,36 @@ a noisy iteration decides.  So instead:
   apart (the margin also absorbs most of the bias of comparing against the best of several).
 - **Immediate stops**: OOM, NaN, a hang or a crash stop an arm at once, and so does a median step
   over ``blowup`` times the best arm's median: no test is needed for a 3x slowdown.
-- **Ties broken by memory headroom**: at the budget, arms within the margin of the fastest are
-  tied, and the one with the most HBM headroom wins: it leaves room for a longer sequence, a
-  larger micro-batch or less recomputation, and is less likely to OOM on a bad batch.  An arm
-  shown tied with the best at a look (two one-sided tests at the look's level) that has less
-  headroom than the best stops there: the tie-break could not go its way.
+- **Ties settled by the tie-break, not by more steps**: arms within the margin are practically
+  equivalent, and the search's own tie-break picks among them: fewer critical stages (ranks
+  near the bottleneck's load: less exposed to a slow node), then the most HBM headroom (room for
+  a longer sequence, a larger micro-batch or less recomputation, less likely to OOM on a bad
+  batch), then the lower mean.  At the budget, arms within the margin of the fastest are tied;
+  at a look, an arm shown tied with the best by two one-sided tests (TOST) at the look's level
+  settles the pair at once: whichever of the two loses the tie-break stops, since more steps
+  could not change the verdict.  Bonferroni over the looks keeps the chance of settling a pair
+  that is not tied under ``alpha``.
+- **Earlier first looks for predicted losers** (:mod:`ray_layout.ab.schedule`): an arm the
+  simulator predicts to lose by far more than the margin gets its first look after fewer
+  batches.  Each arm keeps as many looks at ``alpha / len(looks)``, fixed before any step is
+  seen, so a wrong prediction costs power, never the guarantee.
 
-Every decision carries its statistic, p-value and a readable reason, and :func:`decision_rows`
-turns decisions into rows of the cost store's ``decisions`` table; :func:`replay` re-judges
-recorded traces offline.  The live shell (Ray actors, heartbeats, logs) lives elsewhere.
+The looks and the verdicts built on these tests are :mod:`ray_layout.ab.decisions`; the live
+shell (Ray actors, heartbeats, logs) is :mod:`ray_layout.ab.live`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
 
 from ray_layout.errors import ConfigError
 
-CONTINUE, STOP, WIN, LOSE = "continue", "stop", "win", "lose"
-TERMINAL = frozenset({STOP, WIN, LOSE})  # actions after which an arm gets no more decisions
-
-# Failure classes of ray_layout.runtime.cluster (and "nan" from the live shell), as reasons.
+# Failure classes of ray_layout.runtime.failures (and "nan" from the live shell), as reasons.
 FAILURE_REASONS = {
     "oom": "out of memory",
     "nan": "NaN loss or step time",
@@ -67,7 +70,8 @@ FAILURE_REASONS = {
 }
 
 
-def _is_int(value: object) -> bool:
+def is_whole_number(value: object) -> bool:
+    """An int (numpy's too), not a bool."""
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
@@ -83,16 +87,16 @@ class ABConfig:
     blowup: float = 3.0  # stop at once when the median step is over blowup x the best's median
 
     def __post_init__(self) -> None:
-        if not _is_int(self.warmup_iterations) or self.warmup_iterations < 0:
+        if not is_whole_number(self.warmup_iterations) or self.warmup_iterations < 0:
             raise ConfigError(f"warmup_iterations must be an integer >= 0, got "
                               f"{self.warmup_iterations!r}")  # fmt: skip
-        if not _is_int(self.batch_size) or self.batch_size < 1:
+        if not is_whole_number(self.batch_size) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         try:
             looks = tuple(self.looks)
         except TypeError:
             raise ConfigError(f"looks must be a sequence of integers, got {self.looks!r}") from None
-        if not looks or not all(_is_int(k) for k in looks):
+        if not looks or not all(is_whole_number(k) for k in looks):
             raise ConfigError(f"looks must be a non-empty sequence of integers, got {self.looks!r}")
         if looks[0] < 2:
             raise ConfigError(f"every look needs at least 2 batches for a variance, got {looks!r}")
@@ -113,7 +117,7 @@ class ABConfig:
 
     def look_iterations(self, look: int) -> int:
         """Steady iterations every arm has at look ``look`` (0-based)."""
-        if not _is_int(look) or not 0 <= look < len(self.looks):
+        if not is_whole_number(look) or not 0 <= look < len(self.looks):
             raise ConfigError(f"look must be in 0..{len(self.looks) - 1}, got {look!r}")
         return self.batch_size * self.looks[look]
 
@@ -132,6 +136,7 @@ class ArmTrace:
     steps_ms: tuple[float, ...]  # per-iteration step time, warm-up included (may hold nan/inf)
     failure: str | None = None  # "oom", "nan", "hang", "timeout", "crash", ...; None: fine so far
     headroom_gib: float | None = None  # HBM limit minus the largest max-allocated over its ranks
+    critical_stages: int | None = None  # predicted ranks near the bottleneck's load; None: unknown
 
 
 @dataclass(frozen=True)
@@ -146,22 +151,6 @@ class ArmStats:
     ci_high_ms: float
 
 
-@dataclass(frozen=True)
-class Decision:
-    """One verdict on one arm at one look, with the evidence to replay and audit it."""
-
-    arm: str
-    layout: str
-    look: int  # 0-based look index; len(config.looks) for the final decision
-    action: str  # "continue", "stop", "win", "lose"
-    reason: str  # one readable line
-    statistic: float  # Welch t of (arm - (1 + margin) x reference); nan when no test was made
-    p_value: float  # nan when no test
-    reference: str | None  # the arm it was compared with; None for the best / failures
-    n_steady: int
-    mean_ms: float  # the arm's mean over the steady iterations the decision used (nan if none)
-
-
 # --- statistics on one arm ---------------------------------------------------------------------
 
 
@@ -172,7 +161,7 @@ def steady_steps(trace: ArmTrace, config: ABConfig) -> np.ndarray:
 
 def batch_means(values: np.ndarray, batch_size: int) -> np.ndarray:
     """Means of consecutive non-overlapping batches; an incomplete last batch is dropped."""
-    if not _is_int(batch_size) or batch_size < 1:
+    if not is_whole_number(batch_size) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     values = np.asarray(values, dtype=float)
     count = values.size // batch_size
@@ -274,317 +263,3 @@ def failure_reason(trace: ArmTrace, config: ABConfig | None = None) -> str | Non
         return (f"{FAILURE_REASONS['nan']}: steady iteration {bad[0] + 1} took "
                 f"{steps[bad[0]]} ms")  # fmt: skip
     return None
-
-
-# --- decisions over arms -----------------------------------------------------------------------
-
-
-def _name(trace: ArmTrace) -> str:
-    return trace.layout if trace.arm == trace.layout else f"{trace.layout} [{trace.arm}]"
-
-
-def _check_arms(traces: Sequence[ArmTrace]) -> None:
-    arms = [trace.arm for trace in traces]
-    duplicates = sorted({arm for arm in arms if arms.count(arm) > 1})
-    if duplicates:
-        raise ConfigError(f"arm labels must be unique, repeated: {', '.join(duplicates)}")
-
-
-def _finite_mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if finite.size else math.nan
-
-
-def _failure_decision(trace: ArmTrace, look: int, reason: str, config: ABConfig) -> Decision:
-    steps = steady_steps(trace, config)
-    return Decision(trace.arm, trace.layout, look, STOP, reason, math.nan, math.nan, None,
-                    int(steps.size), _finite_mean(steps))  # fmt: skip
-
-
-def _margin(config: ABConfig) -> str:
-    return f"{config.margin * 100:g}%"
-
-
-def _gib(trace: ArmTrace) -> str:
-    value = trace.headroom_gib
-    return "unknown" if value is None or math.isnan(value) else f"{value:.1f} GiB"
-
-
-def _percent(ratio: float) -> str:
-    return f"{abs(ratio - 1.0) * 100:.1f}% {'slower' if ratio >= 1.0 else 'faster'}"
-
-
-def _failures_stop(
-    traces: Sequence[ArmTrace], look: int, config: ABConfig, stopped: Collection[str]
-) -> tuple[dict[str, Decision], list[tuple[ArmTrace, np.ndarray]]]:
-    """Of the arms not yet stopped: a stop for each that failed, and the others' steady steps."""
-    _check_arms(traces)
-    decided: dict[str, Decision] = {}
-    running: list[tuple[ArmTrace, np.ndarray]] = []
-    for trace in traces:
-        if trace.arm in stopped:
-            continue
-        reason = failure_reason(trace, config)
-        if reason is None:
-            running.append((trace, steady_steps(trace, config)))
-        else:
-            decided[trace.arm] = _failure_decision(trace, look, reason, config)
-    return decided, running
-
-
-def decide_look(
-    traces: Sequence[ArmTrace], look: int, config: ABConfig, stopped: Collection[str] = ()
-) -> list[Decision]:
-    """Decisions at interim look ``look``, in the order of ``traces``.
-
-    Judged: every arm not in ``stopped`` with at least ``look_iterations(look)`` steady steps,
-    truncated to exactly that many (so neither how far an arm ran past the look nor wall-clock
-    timing changes the outcome), and every not-stopped arm with a failure, which stops.  The
-    arm with the lowest mean continues; each other stops on a blow-up or when it is worse than
-    the best by more than the margin at level ``alpha_per_look``, or when it is tied with the best
-    within the margin at that level (two one-sided tests) with less memory headroom, since the
-    final tie-break could only give the best the win; it continues otherwise.
-    """
-    needed = config.look_iterations(look)
-    decided, running = _failures_stop(traces, look, config, stopped)
-    healthy = [(trace, values[:needed]) for trace, values in running if values.size >= needed]
-
-    if len(healthy) < 2:
-        for trace, values in healthy:
-            decided[trace.arm] = Decision(
-                trace.arm, trace.layout, look, CONTINUE,
-                f"nothing to compare with at look {look}: the only arm with {needed} steps",
-                math.nan, math.nan, None, needed, float(values.mean()),
-            )  # fmt: skip
-    else:
-        best, best_values = min(healthy, key=lambda item: float(item[1].mean()))
-        best_mean, best_median = float(best_values.mean()), float(np.median(best_values))
-        for trace, values in healthy:
-            mean = float(values.mean())
-            if trace is best:
-                decided[trace.arm] = Decision(
-                    trace.arm, trace.layout, look, CONTINUE,
-                    f"best at look {look}: mean {mean:.1f} ms over {needed} steady iterations",
-                    math.nan, math.nan, None, needed, mean,
-                )  # fmt: skip
-                continue
-            statistic, p_value = worse_by_margin(values, best_values, config)
-            blowup = blowup_reason(values, best_median, config)
-            versus = f"{_percent(mean / best_mean)} than {_name(best)}"
-            if blowup is not None:
-                action, reason = STOP, blowup
-            elif p_value < config.alpha_per_look:
-                action = STOP
-                reason = f"{versus} (p={p_value:.2g} < {config.alpha_per_look:.3g})"
-            elif (tie := _cannot_win_tie(trace, values, best, best_values, config)) is not None:
-                action, reason = STOP, tie[0]
-                statistic, p_value = tie[1], tie[2]
-            else:
-                action = CONTINUE
-                reason = (f"{versus}, not beyond the {_margin(config)} margin yet "
-                          f"(p={p_value:.2g} >= {config.alpha_per_look:.3g})")  # fmt: skip
-            decided[trace.arm] = Decision(trace.arm, trace.layout, look, action, reason,
-                                          statistic, p_value, best.arm, needed, mean)  # fmt: skip
-    return [decided[trace.arm] for trace in traces if trace.arm in decided]
-
-
-def _known(headroom: float | None) -> bool:
-    return headroom is not None and math.isfinite(headroom)
-
-
-def _cannot_win_tie(
-    trace: ArmTrace, values: np.ndarray, best: ArmTrace, best_values: np.ndarray,
-    config: ABConfig,
-) -> tuple[str, float, float] | None:  # fmt: skip
-    """(reason, t, p) when the arm is tied with the best within the margin, with confidence, and
-    has less memory headroom: the final tie-break would give the best the win, so running on
-    cannot change the outcome."""
-    if not (_known(trace.headroom_gib) and _known(best.headroom_gib)):
-        return None
-    if trace.headroom_gib >= best.headroom_gib:
-        return None
-    statistic, p_value = tied_within_margin(values, best_values, config)
-    if not p_value < config.alpha_per_look:
-        return None
-    ratio = float(values.mean()) / float(best_values.mean())
-    reason = (f"tied with {_name(best)} within {_margin(config)} ({_percent(ratio)}, "
-              f"p={p_value:.2g} < {config.alpha_per_look:.3g}) with less memory headroom "
-              f"({_gib(trace)} vs {_gib(best)}): it cannot win the tie-break")  # fmt: skip
-    return reason, statistic, p_value
-
-
-def final_decisions(
-    traces: Sequence[ArmTrace], config: ABConfig, stopped: Collection[str] = ()
-) -> list[Decision]:
-    """The verdict at the budget (look index ``len(config.looks)``), in the order of ``traces``.
-
-    Qualified: not-stopped healthy arms with at least 2 whole batches, each using all its steady
-    steps up to the budget.  Arms within ``(1 + margin)`` of the fastest mean are tied, and the
-    tied arm with the most memory headroom wins (unknown headroom counts lowest; equal headroom
-    goes to the lower mean); every other qualified arm loses.  A not-stopped arm with a failure
-    gets "stop".  Empty when no arm qualifies and none failed.
-    """
-    look = len(config.looks)
-    budget = config.look_iterations(look - 1)
-    decided, running = _failures_stop(traces, look, config, stopped)
-    qualified: list[tuple[ArmTrace, ArmStats, np.ndarray]] = []
-    for trace, values in running:
-        summary = arm_stats(values[:budget], config)
-        if summary.batches >= 2:
-            qualified.append((trace, summary, values[: summary.n]))
-    if not qualified:
-        return [decided[trace.arm] for trace in traces if trace.arm in decided]
-
-    fastest = min(qualified, key=lambda item: item[1].mean_ms)
-    limit = (1.0 + config.margin) * fastest[1].mean_ms
-    tied = [item for item in qualified if item[1].mean_ms <= limit]
-
-    def headroom(item: tuple[ArmTrace, ArmStats, np.ndarray]) -> float:
-        value = item[0].headroom_gib
-        return -math.inf if value is None or math.isnan(value) else float(value)
-
-    # max() keeps the first of equals, so sorting by mean first makes the tie-break total.
-    win = max(sorted(tied, key=lambda item: item[1].mean_ms), key=headroom)
-    win_trace, win_stats, win_values = win
-    others = [item for item in tied if item is not win]
-    if not others:
-        runner_up = min((item for item in qualified if item is not win),
-                        key=lambda item: item[1].mean_ms, default=None)  # fmt: skip
-        reason = f"won on time: mean {win_stats.mean_ms:.1f} ms"
-        if runner_up is not None:
-            ratio = runner_up[1].mean_ms / win_stats.mean_ms
-            reason += f", next {_name(runner_up[0])} is {_percent(ratio)}"
-    elif all(headroom(item) < headroom(win) for item in others):
-        versus = _percent(win_stats.mean_ms / fastest[1].mean_ms)
-        reason = (f"won on memory headroom among {len(tied)} tied within {_margin(config)}: "
-                  f"{win_trace.headroom_gib:.1f} GiB free, mean {win_stats.mean_ms:.1f} ms "
-                  f"({versus} than the fastest)")  # fmt: skip
-    else:
-        reason = (f"won on time among {len(tied)} tied within {_margin(config)} with equal or "
-                  f"unknown memory headroom: mean {win_stats.mean_ms:.1f} ms")  # fmt: skip
-    decided[win_trace.arm] = Decision(win_trace.arm, win_trace.layout, look, WIN, reason,
-                                      math.nan, math.nan, None, win_stats.n,
-                                      win_stats.mean_ms)  # fmt: skip
-
-    for item in qualified:
-        trace, summary, values = item
-        if item is win:
-            continue
-        if any(item is other for other in others):
-            reference, ref_values = win_trace, win_values
-            ratio = summary.mean_ms / win_stats.mean_ms
-            tied_with = f"tied with {_name(win_trace)} within {_margin(config)}"
-            if headroom(item) == headroom(win):
-                reason = f"{tied_with} and equal or unknown memory headroom, but {_percent(ratio)}"
-            else:
-                reason = (f"{tied_with} ({_percent(ratio)}) but less memory headroom "
-                          f"({_gib(trace)} vs {_gib(win_trace)})")  # fmt: skip
-        else:
-            reference, ref_values = fastest[0], fastest[2]
-            ratio = summary.mean_ms / fastest[1].mean_ms
-            reason = (f"{_percent(ratio)} than {_name(reference)} at the budget, beyond the "
-                      f"{_margin(config)} margin")  # fmt: skip
-        statistic, p_value = worse_by_margin(values, ref_values, config)
-        decided[trace.arm] = Decision(trace.arm, trace.layout, look, LOSE, reason, statistic,
-                                      p_value, reference.arm, summary.n,
-                                      summary.mean_ms)  # fmt: skip
-    return [decided[trace.arm] for trace in traces if trace.arm in decided]
-
-
-def _as_of(trace: ArmTrace, steady: int, config: ABConfig) -> ArmTrace:
-    """The trace as it stood when it completed ``steady`` steady iterations.  A run that got
-    that far had not failed yet: its failure (if any) came later and is hidden."""
-    keep = config.warmup_iterations + steady
-    if len(trace.steps_ms) < keep:
-        return trace
-    return replace(trace, steps_ms=tuple(trace.steps_ms[:keep]), failure=None)
-
-
-def replay(traces: Sequence[ArmTrace], config: ABConfig) -> list[Decision]:
-    """Re-judge recorded traces as if all arms had run side by side at the same iteration
-    pace: every look in order, each seeing the traces as they stood at that look (an arm stopped
-    at look k is not seen later), then the final decisions."""
-    _check_arms(traces)
-    decisions: list[Decision] = []
-    stopped: set[str] = set()
-    for look in range(len(config.looks)):
-        steady = config.look_iterations(look)
-        at_look = [_as_of(trace, steady, config) for trace in traces]
-        for decision in decide_look(at_look, look, config, stopped):
-            decisions.append(decision)
-            if decision.action == STOP:
-                stopped.add(decision.arm)
-    decisions.extend(final_decisions(traces, config, stopped))
-    return decisions
-
-
-def winner(decisions: Sequence[Decision]) -> Decision | None:
-    """The winning decision, if the test reached one."""
-    return next((d for d in reversed(decisions) if d.action == WIN), None)
-
-
-# --- cost and records --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArmCost:
-    """What one arm cost in GPU time, and what it was allowed to cost."""
-
-    world_size: int
-    overhead_s: float  # start-up before the first iteration
-    steps_ms: tuple[float, ...]  # what it ran
-    budget_iterations: int
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.world_size) or self.world_size < 1:
-            raise ConfigError(f"world_size must be a positive integer, got {self.world_size!r}")
-        if not _is_int(self.budget_iterations) or self.budget_iterations < 0:
-            raise ConfigError(f"budget_iterations must be an integer >= 0, got "
-                              f"{self.budget_iterations!r}")  # fmt: skip
-
-
-def gpu_seconds(arms: Sequence[ArmCost]) -> tuple[float, float]:
-    """(spent, full): GPU-seconds the arms used, and what running every arm to its budget would
-    have cost (its mean finite step times the budget).  Non-finite steps (a hang's inf) are left
-    out of both; an arm without a finite step counts what it spent for full too."""
-    spent = full = 0.0
-    for arm in arms:
-        steps = np.asarray(arm.steps_ms, dtype=float)
-        finite = steps[np.isfinite(steps)]
-        used = arm.world_size * (arm.overhead_s + float(finite.sum()) / 1000.0)
-        spent += used
-        if finite.size:
-            per_step_s = float(finite.mean()) / 1000.0
-            full += arm.world_size * (arm.overhead_s + per_step_s * arm.budget_iterations)
-        else:
-            full += used
-    return spent, full
-
-
-def decision_rows(
-    decisions: Sequence[Decision],
-    study: str,
-    run_ids: Mapping[str, str],
-    test_id: str,
-    now: float,
-) -> list[dict]:
-    """Rows of the cost store's ``decisions`` table; ``decision_id`` is deterministic, so writing
-    the same test twice is recognisable."""
-    rows = []
-    for d in decisions:
-        rows.append({
-            "study": study,
-            "decision_id": f"{test_id}.{d.arm}.look{d.look}",
-            "run_id": run_ids.get(d.arm),
-            "layout": d.layout,
-            "look": int(d.look),
-            "statistic": float(d.statistic),
-            "p_value": float(d.p_value),
-            "action": d.action,
-            "reason": d.reason,
-            "created_at": float(now),
-        })  # fmt: skip
-    ids = [row["decision_id"] for row in rows]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"two decisions for the same arm and look in test {test_id}")
-    return rows

@@ -3,11 +3,16 @@
 String enums, so the values are the very strings the store, JSON and the report already hold.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
 from enum import StrEnum
+
+ROLE_JOIN = " + "  # how an arm with several roles is shown: "candidate + Megatron default"
 
 
 class ArmRole(StrEnum):
-    """Why an arm is in the test; one arm may hold several roles (a candidate that is a baseline)."""
+    """Why an arm is in the test; one arm may hold several (a candidate that is a baseline)."""
 
     CANDIDATE = "candidate"
     DEFAULT = "Megatron default"
@@ -21,7 +26,13 @@ class ArmStatus(StrEnum):
     LOST = "lost"
     STOPPED = "stopped"
     FAILED = "failed"
+    FINISHED = "finished"  # ran, but too few steps for any verdict
     NOT_RUN = "not run"
+
+    @property
+    def ended_early(self) -> bool:
+        """Stopped by the test or by a failure before its budget."""
+        return self in (ArmStatus.STOPPED, ArmStatus.FAILED)
 
 
 class ABAction(StrEnum):
@@ -31,3 +42,26 @@ class ABAction(StrEnum):
     STOP = "stop"
     WIN = "win"
     LOSE = "lose"
+
+    @property
+    def is_terminal(self) -> bool:
+        """After a stop, a win or a loss the arm gets no more decisions."""
+        return self is not ABAction.CONTINUE
+
+    @property
+    def status(self) -> ArmStatus:
+        """The arm's status when this was its last decision (a continue: it ran to its end)."""
+        return _STATUS_AFTER[self]
+
+
+_STATUS_AFTER = {
+    ABAction.CONTINUE: ArmStatus.FINISHED,
+    ABAction.STOP: ArmStatus.STOPPED,
+    ABAction.WIN: ArmStatus.WON,
+    ABAction.LOSE: ArmStatus.LOST,
+}
+
+
+def role_label(roles: Iterable[ArmRole]) -> str:
+    """Several roles as one label, in the order given."""
+    return ROLE_JOIN.join(roles)

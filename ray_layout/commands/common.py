@@ -1,48 +1,131 @@
-"""What every command shares: the one-line error parser, the parallel flags, the recipe."""
+"""What every command shares: the command's shape, the one-line error parser, the model config
+and parallel sizes every command starts from, the JSON-or-print output, the one-line errors."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Generic, TypeVar
 
-from ray_layout.errors import EXIT_BAD_INPUT, ConfigError
+from rich.console import Console
+
+from ray_layout.commands.checks import between
+from ray_layout.commands.flags import Settings, add_flags, argument, from_args, option
+from ray_layout.errors import EXIT_BAD_INPUT, RayLayoutError
 from ray_layout.model.loading import load_recipe
-from ray_layout.model.spec import Recipe, with_parallel
+from ray_layout.model.spec import MAX_DIMENSION, MAX_PARALLEL_SIZE, Recipe, with_parallel
+
+FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed by --costs flops
+CONFIG_HELP = "model config: project YAML/JSON, HF config.json, or Megatron launch script"
+PARALLEL = "parallel sizes (override the config's)"
+
+
+def _size(help: str | None = None) -> Any:
+    return option(None, help=help, group=PARALLEL, checks=[between(1, MAX_PARALLEL_SIZE)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelFlags(Settings):
+    """Parallel and batch sizes that override the config's (None: the config's)."""
+
+    tp: int | None = _size("TP size")
+    pp: int | None = _size("PP size")
+    vpp: int | None = _size("VPP size")
+    cp: int | None = _size("CP size")
+    ep: int | None = _size("EP size")
+    etp: int | None = _size("ETP size")
+    dp: int | None = _size("DP size")
+    micro_batch_size: int | None = _size()
+    global_batch_size: int | None = option(None, group=PARALLEL, checks=[between(1, MAX_DIMENSION)])
+
+    def sizes_given(self) -> dict[str, int]:
+        """The sizes set on the command line, by ``ParallelConfig`` field name: they override
+        the config's, and a log that states another is refused."""
+        sizes = {item.name: getattr(self, item.name) for item in fields(self)}
+        return {name: size for name, size in sizes.items() if size is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings(Settings):
+    """A model config and the parallel sizes to run it with: where most commands start."""
+
+    config: str = argument(help=CONFIG_HELP)
+    parallel: ParallelFlags = field(default_factory=ParallelFlags)
+    seq_length: int | None = option(
+        None, help="training sequence length override", checks=[between(1, MAX_DIMENSION)]
+    )
+
+    def recipe(self) -> Recipe:
+        """The config's recipe with the flags' overrides (``ConfigError`` if they do not fit)."""
+        recipe = load_recipe(self.config)
+        if self.seq_length is not None:
+            recipe = replace(recipe, model=replace(recipe.model, seq_length=self.seq_length))
+        return with_parallel(recipe, **self.parallel.sizes_given())
+
+
+def json_flag(help: str = "print JSON") -> Any:
+    return option(False, help=help, names=["--json"])
+
+
+S = TypeVar("S", bound=Settings)
+
+
+@dataclass(frozen=True)
+class Command(Generic[S]):
+    """A command: its name and help, the settings it takes, and what it does with them."""
+
+    name: str
+    help: str
+    settings: type[S]
+    run: Callable[[S, Console], None]
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """Usage mistakes end in one line naming the problem (and exit 2), like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: {self.prog}: {message} (see --help)", file=sys.stderr)
+        print(one_line(f"error: {self.prog}: {message} (see --help)"), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("parallel sizes (override the config's)")
-    for flag in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp"):
-        group.add_argument(f"--{flag}", type=int, help=f"{flag.upper()} size")
-    group.add_argument("--micro-batch-size", type=int)
-    group.add_argument("--global-batch-size", type=int)
-    parser.add_argument("--seq-length", type=int, help="training sequence length override")
+def one_line(message: str) -> str:
+    """``message`` as one line, whatever the user's text in it holds (a value with a newline)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
-def recipe_from_args(args: argparse.Namespace) -> Recipe:
-    recipe = load_recipe(args.config)
-    overrides = {
-        "tp": args.tp,
-        "pp": args.pp,
-        "vpp": args.vpp,
-        "cp": args.cp,
-        "ep": args.ep,
-        "etp": args.etp,
-        "dp": args.dp,
-        "micro_batch_size": args.micro_batch_size,
-        "global_batch_size": args.global_batch_size,
-    }
-    if args.seq_length is not None:
-        if args.seq_length < 1:
-            raise ConfigError(f"--seq-length must be >= 1, got {args.seq_length}")
-        recipe = replace(recipe, model=replace(recipe.model, seq_length=args.seq_length))
-    return with_parallel(recipe, **overrides)
+def command_parser(
+    settings: type[Settings], prog: str, description: str
+) -> argparse.ArgumentParser:
+    """A parser for one command on its own (``python -m ray_layout.tune``)."""
+    parser = OneLineErrorParser(prog=prog, description=description)
+    add_flags(parser, settings)
+    return parser
+
+
+def terminal() -> Console:
+    return Console(width=max(shutil.get_terminal_size().columns, 120))
+
+
+def execute(command: Command, args: argparse.Namespace) -> int:
+    """Check the settings, run the command; an error the user can act on is one line on stderr
+    and the exit status of its kind (bad input 2, failed runs 1)."""
+    try:
+        command.run(from_args(command.settings, args), terminal())
+    except RayLayoutError as exc:
+        print(one_line(f"error: {exc}"), file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+def emit(
+    report: Any, as_json: bool, show: Callable[[Any, Console], None], console: Console
+) -> None:
+    """Print ``report`` as JSON, or as ``show`` lays it out for a reader."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        show(report, console)

@@ -1,77 +1,36 @@
-"""Per-unit costs from Megatron's per-rank timers: the profile design and the fit.
-
-Every PP rank's ``forward-compute`` (and ``backward-compute``) timer is the sum, over the
-micro-batches it ran, of the units its stage holds; per micro-batch that is one linear equation
-``sum_u count[rank, u] * cost[u] = measured[rank]``.  A few runs with different layouts give
-enough independent equations to solve for every unit (non-negative least squares); the profile
-design picks those runs so that the system is well conditioned, fits in memory and runs fast.
-
-What one layout keeps together cannot be told apart: with MTP always beside the loss only the
-sum m + L is identified (and that is all a planner that keeps them together needs); the split
-then follows FLOPs, and an MTP-standalone run is needed to measure them apart.
+"""Per-unit costs from Megatron's per-rank timers: non-negative least squares over the profiling
+runs' design rows (see ``design``), then the step tail, p2p, jitter and memory calibration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import minimize_scalar, nnls
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import MeasurementError
+from ray_layout.measure.declared import runs_parallel, suggest_layout
+from ray_layout.measure.design import PAIR, design_rows, unit_columns
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
-from ray_layout.model.costs import UnitCosts, costs_from_flops
+from ray_layout.measure.observations import RunObservation
+from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance
 from ray_layout.model.layout import Layout
-from ray_layout.model.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes, unit_sizes
+from ray_layout.model.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
+from search.cost_model import CostModel, build_cost_model, inter_node_links
+from search.evaluate import memory
+from search.planner import PlanOptions, SearchSpec, score_given
+from search.schedule import RECV_NEXT, SEND_NEXT, P2PCall, rank_ops
 from search.space import LayoutSpace
 
-if TYPE_CHECKING:
-    from ray_layout.measure.logs import MemoryRecord, ParsedLog, TimerRecord
-
-PAIR = "m+L"  # the MTP layers and the loss, fitted as one unit when never measured apart
 RESIDUAL_WARNING = 0.05
-
-
-STEP_WARMUP = 3  # iterations whose step time carries start-up work (allocator, first batch)
-
-
-@dataclass(frozen=True)
-class RunObservation:
-    """One profiling run, reduced to what the fit needs: per steady interval and PP rank."""
-
-    name: str
-    layout: Layout
-    num_microbatches: int
-    forward_ms: np.ndarray  # (intervals, PP) forward-compute per iteration, peers averaged
-    backward_ms: np.ndarray  # (intervals, PP)
-    timers: dict[str, np.ndarray] = field(default_factory=dict)  # other timers, (intervals, PP)
-    max_allocated_mb: np.ndarray | None = None  # (PP,) peak allocated memory, NaN where unseen
-    step_ms: float | None = None  # mean step time over the steady iterations, when logged
-
-
-def unit_columns(model: ModelSpec, mtp_apart: bool) -> tuple[str, ...]:
-    """The units to solve for: m and L separately only if some run held MTP without the loss
-    (``mtp_apart``), else their sum."""
-    decoders = tuple(u for u in unit_sizes(model) if u.startswith("t"))
-    if not model.mtp_num_layers:
-        return ("E", *decoders, LOSS)
-    return ("E", *decoders, *((MTP, LOSS) if mtp_apart else (PAIR,)))
-
-
-def design_rows(model: ModelSpec, layout: Layout, columns: Sequence[str]) -> np.ndarray:
-    """(PP, U): how many of each unit every PP rank holds, over all its chunks."""
-    space, cuts = LayoutSpace.holding(layout)
-    units = [u for u in columns if u != PAIR] + ([MTP, LOSS] if PAIR in columns else [])
-    counts = space.unit_counts(cuts[None], units, model.moe_layer_pattern)[0]
-    per_rank = counts.reshape(layout.vpp, layout.pp, len(units)).sum(axis=0)
-    if PAIR not in columns:
-        return per_rank
-    m, loss = units.index(MTP), units.index(LOSS)
-    pair = np.maximum(per_rank[:, m] / max(model.mtp_num_layers, 1), per_rank[:, loss])
-    return np.column_stack([per_rank[:, : len(columns) - 1], pair])
+# A PP rank whose compute the fitted unit costs miss by more than this is no noise: the run is
+# not what it was declared to be, or the units cannot explain it.  A wrong layout or world
+# misses by 25% to orders of magnitude; the emulated cluster on two busy CPU cores, by up to 15%.
+RESIDUAL_BOUND = 0.25
+RESIDUAL_FLOOR = 0.05  # of the busiest rank's compute: the least a residual is relative to
 
 
 @dataclass(frozen=True)
@@ -84,6 +43,7 @@ class FitResult:
     warnings: tuple[str, ...]
     p2p_latency_ms: float = 0.0  # added to every transfer so that simulated steps match
     step_errors: dict[str, float] = field(default_factory=dict)  # run -> simulated/measured - 1
+    suggested_layouts: dict[str, str] = field(default_factory=dict)  # run -> what its timers show
 
     @property
     def max_residual(self) -> float:
@@ -93,7 +53,7 @@ class FitResult:
 def _solve(rows: np.ndarray, values: np.ndarray, columns: Sequence[str], what: str) -> np.ndarray:
     rank = np.linalg.matrix_rank(rows)
     if rank < len(columns):
-        raise ConfigError(
+        raise MeasurementError(
             f"the runs cannot tell apart all of {', '.join(columns)} ({what}: design rank "
             f"{rank} of {len(columns)}); add a run that `profile-layouts` proposes"
         )
@@ -107,43 +67,44 @@ def fit_costs(
     runs: Sequence[RunObservation],
     base: UnitCosts | None = None,
     gpus_per_node: int | None = None,
+    *,
+    accept_residuals: bool = False,
+    explicit: Collection[str] = (),
 ) -> FitResult:
     """Unit costs from profiling runs; what the timers cannot say comes from ``base`` (FLOPs by
     default): the split of m + L, and p2p on links no run crossed.  ``gpus_per_node`` is the
-    node size the runs had (default: the base's), which says which links crossed nodes."""
+    node size the runs had (default: the base's), which says which links crossed nodes.
+
+    A PP rank whose compute the fitted costs miss by more than ``RESIDUAL_BOUND`` means a run
+    is not what it was declared to be (layout, sizes) or the units cannot explain it: a
+    :class:`MeasurementError` lists each such rank and the layout the run's timers suggest,
+    unless ``accept_residuals`` (then they are warnings).
+
+    The costs are for the sizes the runs ran (``declared.runs_parallel``): where they differ
+    from ``parallel`` the runs' are taken with a warning, unless the size is in ``explicit``
+    (sizes the user gave), which refuses the fit."""
     if not runs:
-        raise ConfigError("no profiling runs to fit")
+        raise MeasurementError("no profiling runs to fit")
+    sized = [(run.name, run.parallel) for run in runs if run.parallel is not None]
+    parallel, taken = runs_parallel(parallel, sized, explicit)
     base = base or costs_from_flops(model, parallel)
     if gpus_per_node is not None:
         base = replace(base, gpus_per_node=gpus_per_node)
     columns = unit_columns(model, any(run.layout.mtp_standalone for run in runs))
-    rows, forward, backward = [], [], []
-    for run in runs:
-        design = design_rows(model, run.layout, columns)
-        for interval in range(run.forward_ms.shape[0]):
-            rows.append(design)
-            forward.append(run.forward_ms[interval] / run.num_microbatches)
-            backward.append(run.backward_ms[interval] / run.num_microbatches)
-    a = np.concatenate(rows)
-    fwd = _solve(a, np.concatenate(forward), columns, "forward-compute")
-    bwd = _solve(a, np.concatenate(backward), columns, "backward-compute")
+    fwd, bwd = _fit_compute(model, runs, columns)
     fitted_f, fitted_b = dict(zip(columns, fwd, strict=True)), dict(zip(columns, bwd, strict=True))
     forward_ms = _expand_pair(fitted_f, base.forward_ms)
     backward_ms = _expand_pair(fitted_b, base.backward_ms)
 
-    residuals, warnings = {}, []
-    for run in runs:
-        design = design_rows(model, run.layout, columns)
-        predicted = design @ (fwd + bwd)
-        measured = (run.forward_ms + run.backward_ms).mean(axis=0) / run.num_microbatches
-        errors = ((predicted - measured) / np.maximum(measured, 1e-9)).tolist()
-        residuals[run.name] = errors
-        for rank, error in enumerate(errors):
-            if abs(error) > RESIDUAL_WARNING:
-                warnings.append(
-                    f"{run.name}: PP rank {rank} compute is {error:+.1%} off the fitted costs "
-                    "(above 5%: noisy runs, or a cost the units do not explain)"
-                )
+    residuals, suggested, warnings = _judge_residuals(model, runs, columns, fwd + bwd, base,
+                                                      accept_residuals)  # fmt: skip
+    warnings = [*taken, *warnings]
+    if sum(run.layout.pp for run in runs) <= len(columns):
+        warnings.append(
+            f"{len(columns)} unit costs from {sum(run.layout.pp for run in runs)} PP ranks: "
+            "they fit any timers exactly, so nothing checks that each run's layout and sizes "
+            "are right; add a run that `profile-layouts` proposes"
+        )
     if PAIR in columns:
         warnings.append(
             "m and L were only measured together: their split follows FLOPs, which matters "
@@ -156,11 +117,7 @@ def fit_costs(
         jitter_cv=_jitter(model, runs, columns, fwd + bwd),
         memory_calibration=_memory_calibration(model, parallel, runs, base),
         source="fit",
-        model=model.name,
-        micro_batch_size=parallel.micro_batch_size,
-        seq_length=model.seq_length,
-        tp=parallel.tp,
-        ep=parallel.ep,
+        **provenance(model, parallel),
         **_step_tail(model, parallel, runs),
         **_p2p(runs, base, parallel),
     )
@@ -170,16 +127,131 @@ def fit_costs(
         p2p_intra_node_ms=costs.p2p_intra_node_ms + latency,
         p2p_inter_node_ms=costs.p2p_inter_node_ms + latency,
     )
+    shown = {name: str(layout) for name, layout in suggested.items()}
     return FitResult(costs, columns, fitted_f, fitted_b, residuals, tuple(warnings), latency,
-                     step_errors)  # fmt: skip
+                     step_errors, shown)  # fmt: skip
+
+
+def _judge_residuals(
+    model: ModelSpec,
+    runs: Sequence[RunObservation],
+    columns: Sequence[str],
+    unit_ms: np.ndarray,
+    base: UnitCosts,
+    accept: bool,
+) -> tuple[dict[str, list[float]], dict[str, Layout], list[str]]:
+    """Each run's residuals per PP rank, the layouts suspect runs' timers show, and warnings;
+    raises when a rank is off by more than RESIDUAL_BOUND, unless ``accept``."""
+    residuals = {run.name: _residuals(model, run, columns, unit_ms) for run in runs}
+    off = {
+        name: [(rank, e) for rank, e in enumerate(errors) if abs(e) > RESIDUAL_WARNING]
+        for name, errors in residuals.items()
+    }
+    suggested = _suggested_layouts(model, runs, columns, residuals, base)
+    refused = {n: [(r, e) for r, e in ranks if abs(e) > RESIDUAL_BOUND] for n, ranks in off.items()}
+    if any(refused.values()) and not accept:
+        raise MeasurementError(_residual_refusal(refused, suggested))
+    warnings = [
+        f"{name}: PP rank {rank} compute is {error:+.1%} off the fitted costs (above 5%: noisy "
+        "runs, or a cost the units do not explain)"
+        for name, ranks in off.items()
+        for rank, error in ranks
+    ]
+    warnings += [f"{name}: its timers suggest layout {lay}" for name, lay in suggested.items()]
+    return residuals, suggested, warnings
+
+
+def _fit_compute(
+    model: ModelSpec, runs: Sequence[RunObservation], columns: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward ms per unit: NNLS over every steady interval and PP rank."""
+    rows, forward, backward = [], [], []
+    for run in runs:
+        design = design_rows(model, run.layout, columns)
+        for interval in range(run.forward_ms.shape[0]):
+            rows.append(design)
+            forward.append(run.forward_ms[interval] / run.num_microbatches)
+            backward.append(run.backward_ms[interval] / run.num_microbatches)
+    a = np.concatenate(rows)
+    fwd = _solve(a, np.concatenate(forward), columns, "forward-compute")
+    bwd = _solve(a, np.concatenate(backward), columns, "backward-compute")
+    return fwd, bwd
+
+
+def _stage_ms(run: RunObservation) -> np.ndarray:
+    """(PP,) measured forward + backward ms per micro-batch of each rank."""
+    return (run.forward_ms + run.backward_ms).mean(axis=0) / run.num_microbatches
+
+
+def _residuals(
+    model: ModelSpec, run: RunObservation, columns: Sequence[str], unit_ms: np.ndarray
+) -> list[float]:
+    """Each PP rank's fitted minus measured compute, relative to the measured compute, or to
+    RESIDUAL_FLOOR of the run's busiest rank where less: a rank of little more than the
+    embedding computes for microseconds, no yardstick for a fit."""
+    predicted = design_rows(model, run.layout, columns) @ unit_ms
+    measured = _stage_ms(run)
+    scale = np.maximum(measured, max(RESIDUAL_FLOOR * measured.max(), 1e-9))
+    return ((predicted - measured) / scale).tolist()
+
+
+def _suggested_layouts(
+    model: ModelSpec,
+    runs: Sequence[RunObservation],
+    columns: Sequence[str],
+    residuals: dict[str, list[float]],
+    base: UnitCosts,
+) -> dict[str, Layout]:
+    """Runs declared as a layout they did not run, and the one their timers show.
+
+    A run is suspect when the fit misses it by more than RESIDUAL_WARNING while the other runs
+    agree without it (they identify every unit and stay within RESIDUAL_WARNING); the layout
+    its timers show under the others' costs is suggested when it is another and explains the
+    run within RESIDUAL_WARNING.  With two runs that disagree either may be the wrong one."""
+    found = {}
+    for index, run in enumerate(runs):
+        others = [*runs[:index], *runs[index + 1 :]]
+        if max(map(abs, residuals[run.name])) <= RESIDUAL_WARNING or not others:
+            continue
+        try:
+            fwd, bwd = _fit_compute(model, others, columns)
+        except MeasurementError:
+            continue  # the others alone cannot say what the units cost
+        rest = [e for other in others for e in _residuals(model, other, columns, fwd + bwd)]
+        if max(map(abs, rest)) > RESIDUAL_WARNING:
+            continue  # without this run the others still disagree: not (only) this run
+        forward = _expand_pair(dict(zip(columns, fwd, strict=True)), base.forward_ms)
+        backward = _expand_pair(dict(zip(columns, bwd, strict=True)), base.backward_ms)
+        unit_ms = {unit: forward[unit] + backward[unit] for unit in forward}
+        layout = suggest_layout(model, run.layout, _stage_ms(run), unit_ms)
+        if layout is None or layout.stages == run.layout.stages:
+            continue
+        explained = _residuals(model, replace(run, layout=layout), columns, fwd + bwd)
+        if max(map(abs, explained)) <= RESIDUAL_WARNING:
+            found[run.name] = layout
+    return found
+
+
+def _residual_refusal(
+    refused: dict[str, list[tuple[int, float]]], suggested: dict[str, Layout]
+) -> str:
+    runs = []
+    for name, ranks in refused.items():
+        if ranks:
+            listed = ", ".join(f"PP rank {rank} {error:+.1%}" for rank, error in ranks)
+            hint = f" (its timers suggest layout {suggested[name]})" if name in suggested else ""
+            runs.append(f"{name}: {listed}{hint}")
+    return (
+        f"the fitted costs miss the measured compute by more than {RESIDUAL_BOUND:.0%}: "
+        f"{'; '.join(runs)}; check each run's layout and parallel sizes, or accept the fit "
+        "with --accept-residuals"
+    )
 
 
 def simulated_step_ms(
     model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, run: RunObservation
 ) -> float:
     """The noise-free step the simulator predicts for a run's layout and micro-batches."""
-    from search.planner import PlanOptions, SearchSpec, score_given
-
     spec = SearchSpec(num_microbatches=run.num_microbatches)
     run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
     options = PlanOptions(samples=1)
@@ -256,9 +328,6 @@ def _memory_calibration(
     """Per-unit activation factors from the peak allocated memory each rank reported: measured
     minus the exact static state is activations x in-flight micro-batches (+ the logits on the
     last rank), solved by non-negative least squares; units no rank pins down keep 1."""
-    from search.cost_model import build_cost_model
-    from search.evaluate import _per_rank, _standalone_rank
-
     rows, values, units = [], [], None
     for run in runs:
         if run.max_allocated_mb is None or not np.isfinite(run.max_allocated_mb).any():
@@ -270,10 +339,7 @@ def _memory_calibration(
         units = cost_model.units
         space, cuts = LayoutSpace.holding(layout)
         counts = space.unit_counts(cuts[None], units, model.moe_layer_pattern)
-        static = _per_rank(counts @ cost_model.static_bytes, layout.pp)[0]
-        static += (
-            _standalone_rank(counts, cost_model, layout.pp)[0] * cost_model.standalone_copy_bytes
-        )
+        static = memory(_static_only(cost_model), counts, layout.pp)[0]
         chunks = counts[0].reshape(layout.vpp, layout.pp, len(units))
         held = (chunks * cost_model.in_flight.T[:, :, None]).sum(axis=0)  # (PP, U)
         columns = held * cost_model.activation_bytes
@@ -288,6 +354,13 @@ def _memory_calibration(
     pinned = np.abs(a).sum(axis=0) > 0
     return {u: float(np.clip(f, 0.05, 20.0)) if pinned[i] else 1.0
             for i, (u, f) in enumerate(zip(units, factors, strict=True))}  # fmt: skip
+
+
+def _static_only(cost_model: CostModel) -> CostModel:
+    """The cost model with activations, logits and overhead at zero: its memory is the static
+    state (weights, gradients, optimizer, a standalone MTP rank's embedding copy) alone."""
+    return replace(cost_model, activation_bytes=np.zeros_like(cost_model.activation_bytes),
+                   logits_bytes=0.0, overhead_bytes=0.0)  # fmt: skip
 
 
 def _gparams_per_rank(model: ModelSpec, parallel: ParallelConfig, layout: Layout) -> np.ndarray:
@@ -323,9 +396,6 @@ def _p2p(
     partner was already waiting).  A timer whose calls mix kinds (the interleaved schedule's
     combined calls, with one direction off in some) says nothing about either.  A kind no run
     crossed keeps the guess's ratio to the other."""
-    from search.cost_model import inter_node_links
-    from search.schedule import RECV_NEXT, SEND_NEXT, P2PCall, rank_ops
-
     fastest = {False: np.inf, True: np.inf}  # by "crosses nodes"
     for run in runs:
         pp = run.layout.pp
@@ -353,213 +423,3 @@ def _p2p(
     elif not np.isfinite(intra):
         intra = inter / ratio
     return {"p2p_intra_node_ms": intra, "p2p_inter_node_ms": max(inter, intra)}
-
-
-def observation_from_log(
-    name: str,
-    parsed: ParsedLog,
-    layout: Layout,
-    parallel: ParallelConfig,
-    num_microbatches: int,
-    warmup_intervals: int = 2,
-) -> RunObservation:
-    """A run's timers per steady interval and PP rank, from a parsed log."""
-    steps = [record.elapsed_ms for record in parsed.iterations]
-    return observation_from_records(name, parsed.timers, parsed.memory, layout, parallel,
-                                    num_microbatches, warmup_intervals, steps)  # fmt: skip
-
-
-def observation_from_records(
-    name: str,
-    timer_records: Iterable[TimerRecord],
-    memory_records: Iterable[MemoryRecord],
-    layout: Layout,
-    parallel: ParallelConfig,
-    num_microbatches: int,
-    warmup_intervals: int = 2,
-    steps_ms: Sequence[float] = (),
-) -> RunObservation:
-    """A run's timers per steady interval and PP rank, TP/CP/DP peers averaged, and its mean
-    step time without the first ``STEP_WARMUP`` iterations (``steps_ms`` in iteration order).
-
-    Megatron's global rank order is tp-cp-ep-dp-pp with PP outermost, so PP rank = rank //
-    (world / PP).  The first two logged intervals are dropped: Megatron does not reset the
-    timers at the first, so the second still carries the first iteration (see
-    ``megatron_logs.steady_intervals``).  Only blocks with ``forward-compute`` count: start-up
-    timer blocks carry none.
-    """
-    per_stage = parallel.world_size // layout.pp
-    by_interval: dict[int, dict[str, np.ndarray]] = {}
-    counts: dict[int, dict[str, np.ndarray]] = {}
-    for record in timer_records:
-        if record.rank is None:
-            raise ConfigError(
-                f"{name}: timers were logged with --timing-log-option max/minmax; the fit needs "
-                "every rank's value (--timing-log-option all)"
-            )
-        pp_rank = record.rank // per_stage
-        if pp_rank >= layout.pp:
-            raise ConfigError(
-                f"{name}: rank {record.rank} is outside a world of {parallel.world_size} "
-                f"(TP·CP·DP·PP); check the run's parallel sizes"
-            )
-        sums = by_interval.setdefault(record.interval, {})
-        seen = counts.setdefault(record.interval, {})
-        sums.setdefault(record.timer, np.zeros(layout.pp))[pp_rank] += record.ms
-        seen.setdefault(record.timer, np.zeros(layout.pp))[pp_rank] += 1
-    compute = [i for i in sorted(by_interval) if "forward-compute" in by_interval[i]]
-    steady = compute[warmup_intervals:]
-    if not steady:
-        raise ConfigError(
-            f"{name}: no steady timer interval (found {len(compute)} with forward-compute, the "
-            f"first {warmup_intervals} dropped); run more iterations with --log-interval 1"
-        )
-
-    def table(timer: str) -> np.ndarray:
-        rows = []
-        for interval in steady:
-            total = by_interval[interval].get(timer, np.zeros(layout.pp))
-            seen = counts[interval].get(timer, np.zeros(layout.pp))
-            rows.append(np.divide(total, seen, out=np.zeros(layout.pp), where=seen > 0))
-        return np.array(rows)
-
-    timers = {t: table(t) for t in {t for i in steady for t in by_interval[i]}}
-    memory = np.full(layout.pp, np.nan)
-    for record in memory_records:
-        pp_rank = record.rank // per_stage
-        if pp_rank < layout.pp:
-            memory[pp_rank] = np.fmax(memory[pp_rank], record.max_allocated_mb)
-    return RunObservation(
-        name=name,
-        layout=layout,
-        num_microbatches=num_microbatches,
-        forward_ms=timers.pop("forward-compute"),
-        backward_ms=timers.pop("backward-compute", np.zeros((len(steady), layout.pp))),
-        timers=timers,
-        max_allocated_mb=memory,
-        step_ms=float(np.mean(steps_ms[STEP_WARMUP:])) if len(steps_ms) > STEP_WARMUP else None,
-    )
-
-
-PROFILE_FLAGS = ("--timing-log-level", "2", "--timing-log-option", "all", "--log-interval", "1",
-                 "--eval-iters", "0")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ProfilePlan:
-    """The runs to make, and how well they pin down each unit's cost."""
-
-    layouts: tuple[Layout, ...]
-    columns: tuple[str, ...]
-    rank: int
-    condition: float  # of the stacked design, columns scaled to unit length
-    predicted_ms: tuple[float, ...]  # step time of each run under the guessed costs
-    peak_memory_gib: tuple[float, ...]
-
-    def megatron_flags(self, layout: Layout, train_iters: int = 20) -> list[str]:
-        """What to add to a run's ``pretrain_gpt.py`` command line to profile this layout."""
-        return [
-            "--pipeline-model-parallel-size", str(layout.pp),
-            "--pipeline-model-parallel-layout", str(layout),
-            "--train-iters", str(train_iters), *PROFILE_FLAGS,
-        ]  # fmt: skip
-
-
-def _condition(designs: np.ndarray) -> np.ndarray:
-    """(n,) condition numbers of stacked designs (n, rows, U), columns scaled to unit length;
-    rank-deficient ones are infinite."""
-    norms = np.linalg.norm(designs, axis=1, keepdims=True)
-    scaled = designs / np.where(norms > 0, norms, 1.0)
-    values = np.linalg.svd(scaled, compute_uv=False)
-    smallest = values[:, -1]
-    return np.where(smallest > 1e-9, values[:, 0] / np.maximum(smallest, 1e-300), np.inf)
-
-
-def _candidate_cuts(space: LayoutSpace, limit: int, seed: int) -> np.ndarray:
-    """Every layout of a small space, or a seeded sample of a large one."""
-    if space.count().total <= limit:
-        return np.concatenate(list(space.cut_blocks()))
-    rng = np.random.default_rng(seed)
-    items = space.num_layers + 2 + bool(space.mtp_num_layers)
-    raw = np.sort(rng.random((limit * 4, items - 1)).argsort(axis=1)[:, : space.num_stages - 1]
-                  + 1, axis=1)  # fmt: skip
-    valid = [row for row in raw if _valid_cut_set(space, row)]
-    return np.unique(np.array(valid[:limit], dtype=np.int64), axis=0)
-
-
-def _valid_cut_set(space: LayoutSpace, cuts: np.ndarray) -> bool:
-    if space.mtp_num_layers:
-        mtp_stage = int((cuts <= space.num_layers + 1).sum())
-        if not space.allow_standalone_mtp and mtp_stage != space.num_stages - 1:
-            return False
-    return True
-
-
-def profile_design(
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    num_microbatches: int,
-    guess: UnitCosts,
-    *,
-    hbm_gib: float | None = None,
-    standalone_mtp: bool = False,
-    runs: int = 2,
-    candidate_limit: int = 20_000,
-    seed: int = 0,
-) -> ProfilePlan:
-    """The fewest runs (``runs``, at least enough for full rank) whose per-rank timers identify
-    every unit: the fastest layout that fits first, then each next run the one that makes the
-    stacked design best conditioned (ties to the faster run)."""
-    from search.cost_model import build_cost_model
-    from search.evaluate import score
-    from search.schedule import compile_schedule
-
-    run = replace(parallel, vpp=1)
-    space = LayoutSpace(model.num_layers, model.mtp_num_layers, run.pp,
-                        allow_standalone_mtp=standalone_mtp)  # fmt: skip
-    cuts = _candidate_cuts(space, candidate_limit, seed)
-    program = compile_schedule(run.pp, 1, num_microbatches)
-    cost_model = build_cost_model(model, run, guess, num_microbatches)
-    scores = score(program, cost_model, space.unit_counts(cuts, cost_model.units,
-                                                          model.moe_layer_pattern))  # fmt: skip
-    fits = np.ones(len(cuts), dtype=bool)
-    if hbm_gib is not None:
-        fits = scores.peak_memory_bytes <= hbm_gib * 2**30
-        if not fits.any():
-            raise ConfigError(f"no layout on PP={run.pp} fits in {hbm_gib} GiB for profiling")
-    layouts = [Layout(space.stages_from_cuts(tuple(int(c) for c in row)), run.pp) for row in cuts]
-    columns = unit_columns(model, standalone_mtp)
-    designs = np.array([design_rows(model, layout, columns) for layout in layouts])
-    steps = np.where(fits, scores.noise_free_ms, np.inf)
-    chosen = [int(np.argmin(steps))]
-
-    def identified() -> bool:
-        return bool(np.isfinite(_condition(designs[chosen].reshape(1, -1, len(columns)))[0]))
-
-    while len(chosen) < runs or not identified():
-        if len(chosen) >= runs + len(columns):
-            raise ConfigError(
-                f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
-            )
-        stacked = np.concatenate(
-            [np.repeat(designs[chosen].reshape(1, -1, len(columns)), len(cuts), axis=0), designs],
-            axis=1,
-        )
-        condition = np.where(fits, _condition(stacked), np.inf)
-        condition[chosen] = np.inf
-        best = condition.min()
-        if not np.isfinite(best) and len(chosen) >= runs:
-            raise ConfigError(
-                f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
-            )
-        near = np.flatnonzero(condition <= best * 1.05)  # well conditioned: take the fastest
-        chosen.append(int(near[np.argmin(steps[near])]))
-    design = designs[chosen].reshape(-1, len(columns))
-    return ProfilePlan(
-        layouts=tuple(layouts[i] for i in chosen),
-        columns=columns,
-        rank=int(np.linalg.matrix_rank(design)),
-        condition=float(_condition(design[None])[0]),
-        predicted_ms=tuple(float(scores.noise_free_ms[i]) for i in chosen),
-        peak_memory_gib=tuple(float(scores.peak_memory_bytes[i]) / 2**30 for i in chosen),
-    )

@@ -1,8 +1,9 @@
 """Runs into the cost store and back: parsed Megatron logs as rows, stored rows as observations.
 
-The imperative shell around ``megatron_logs`` (text -> records), ``store`` (rows on disk) and
-``fit`` (observations -> costs).  A run's id is a hash of what it measured (the log text, the
-layout and the parallel sizes), so ingesting the same log twice stores it once.
+The imperative shell around ``logs`` (text -> records), ``declared`` (a log against what its run
+was declared to be), ``store`` (rows on disk) and ``observations`` (rows -> what the fit reads).
+A run's id is a hash of its log's text, so the same log ingested twice is stored once, whatever
+it was declared as.
 """
 
 from __future__ import annotations
@@ -11,26 +12,37 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_layout.errors import ConfigError
-from ray_layout.measure.fit import FitResult, RunObservation, observation_from_records
-from ray_layout.measure.logs import MemoryRecord, ParsedLog, TimerRecord, parse_log
+from ray_layout.errors import ConfigError, MeasurementError
+from ray_layout.measure.declared import CheckedRun, check_log
+from ray_layout.measure.fit import FitResult
+from ray_layout.measure.logs import MemoryRecord, TimerRecord, parse_log
+from ray_layout.measure.observations import (
+    RunObservation,
+    observation_from_log,
+    observation_from_records,
+)
 from ray_layout.measure.store import CostStore
+from ray_layout.model.costs import costs_to_dict
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 
 @dataclass(frozen=True)
 class LoggedRun:
-    """A profiling run's log and what it ran: the layout and the run's parallel sizes."""
+    """A profiling run's log and what it ran: the layout and the run's parallel sizes.
+
+    ``explicit`` names the sizes (tp, pp, dp, ...) the user gave for the run: a log that states
+    another is refused; for the others the log's are taken (``declared.check_log``)."""
 
     layout: Layout
     path: Path
     parallel: ParallelConfig
     num_microbatches: int | None = None  # else from the log's global batch size
+    explicit: frozenset[str] = frozenset()
 
 
 def parse_run_argument(text: str, pp: int) -> tuple[Layout, Path]:
@@ -41,28 +53,33 @@ def parse_run_argument(text: str, pp: int) -> tuple[Layout, Path]:
     return Layout.parse(layout_text, pp), Path(path)
 
 
-def microbatches_of(parsed: ParsedLog, parallel: ParallelConfig, given: int | None) -> int:
-    """Micro-batches per step: given, or the log's global batch size / (micro-batch x DP)."""
-    if given:
-        return given
-    sizes = {it.global_batch_size for it in parsed.iterations if it.global_batch_size}
-    if len(sizes) != 1:
-        raise ConfigError(
-            "the number of micro-batches is unknown: the log shows global batch sizes "
-            f"{sorted(sizes) or 'none'}; give --micro-batches"
-        )
-    return sizes.pop() // (parallel.micro_batch_size * parallel.dp)
+def read_logged_run(run: LoggedRun) -> tuple[str, CheckedRun]:
+    """The log's text and the run as its log confirms it (refused where it contradicts)."""
+    try:
+        text = run.path.read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"{run.path}: cannot read ({exc.strerror})") from None
+    parsed = parse_log(text, str(run.path))
+    checked = check_log(parsed, run.layout, run.parallel, run.num_microbatches, str(run.path),
+                        run.explicit)  # fmt: skip
+    return text, checked
+
+
+def observation_of_logged_run(run: LoggedRun) -> tuple[RunObservation, tuple[str, ...]]:
+    """A log straight to the fit, checked as ``ingest`` checks it; and the notes to show."""
+    _, checked = read_logged_run(run)
+    observation = observation_from_log(str(run.path), checked.parsed, checked.layout,
+                                       checked.parallel, checked.num_microbatches)  # fmt: skip
+    return observation, checked.notes
 
 
 def run_rows(
-    model: ModelSpec, run: LoggedRun, text: str, parsed: ParsedLog, study: str
+    model: ModelSpec, run: CheckedRun, text: str, source: str, study: str
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
-    """The ``runs`` row and the data rows of one logged run."""
-    parallel = run.parallel
-    microbatches = microbatches_of(parsed, parallel, run.num_microbatches)
-    content = hashlib.sha256(
-        json.dumps([text, str(run.layout), asdict(parallel), microbatches]).encode()
-    ).hexdigest()
+    """The ``runs`` row and the data rows of one checked run.  The content hash is the log's
+    alone, so the same log declared otherwise is still recognised as the same run."""
+    parallel, parsed = run.parallel, run.parsed
+    content = hashlib.sha256(text.encode()).hexdigest()
     run_id = f"run-{content[:16]}"
     per_stage = parallel.world_size // run.layout.pp
     timers = [
@@ -86,7 +103,7 @@ def run_rows(
          "max_reserved_mb": m.max_reserved_mb}
         for m in parsed.memory
     ]  # fmt: skip
-    now = time.time()
+    now, microbatches = time.time(), run.num_microbatches
     row = {
         "run_id": run_id, "study": study, "model": model.name,
         "model_hash": hashlib.sha256(repr(model).encode()).hexdigest()[:16],
@@ -95,33 +112,61 @@ def run_rows(
         "dp": parallel.dp, "micro_batch_size": parallel.micro_batch_size,
         "global_batch_size": microbatches * parallel.micro_batch_size * parallel.dp,
         "num_microbatches": microbatches, "backend": "external", "status": "finished",
-        "source": str(run.path), "content_hash": content, "started_at": now,
+        "source": source, "content_hash": content, "started_at": now,
         "finished_at": now,
     }  # fmt: skip
     return row, {"timers": timers, "iterations": iterations, "memory": memory}
 
 
+# What a run's row declares about it: the same log stored under other values is refused.
+DECLARED_COLUMNS = ("model", "layout", "pp", "vpp", "tp", "cp", "ep", "etp", "dp",
+                    "micro_batch_size", "num_microbatches")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Ingested:
+    """What ingesting one log did, for the command to report."""
+
     run_id: str
     stored: bool  # False: the store already held this run
     timer_rows: int
     skipped_lines: int
+    skipped_examples: tuple[str, ...] = ()  # the first few, "line N: '…' (why)"
+    notes: tuple[str, ...] = ()  # sizes taken from the log, a cut timer block left out
 
 
 def ingest(store: CostStore, model: ModelSpec, runs: Sequence[LoggedRun], study: str):
-    """Parse and store every run; the same log twice is stored once."""
+    """Check and store every run; the same log twice is stored once, and refused when it comes
+    back declared as another layout, other sizes or another micro-batch count."""
     results = []
     for run in runs:
-        try:
-            text = run.path.read_text(errors="replace")
-        except OSError as exc:
-            raise ConfigError(f"{run.path}: cannot read ({exc.strerror})") from None
-        parsed = parse_log(text, str(run.path))
-        row, tables = run_rows(model, run, text, parsed, study)
+        text, checked = read_logged_run(run)
+        row, tables = run_rows(model, checked, text, str(run.path), study)
+        elsewhere = _same_log_stored(store, study, row, run.path)
         stored = store.write_run(row, tables, study)
-        results.append(Ingested(row["run_id"], stored, len(tables["timers"]), parsed.skipped_lines))
+        results.append(Ingested(row["run_id"], stored, len(tables["timers"]),
+                                checked.parsed.skipped_lines, checked.parsed.skipped_examples,
+                                checked.notes + elsewhere))  # fmt: skip
     return results
+
+
+def _same_log_stored(
+    store: CostStore, study: str, row: dict[str, Any], path: Path
+) -> tuple[str, ...]:
+    """Refuse the log when this study holds it declared otherwise; note other studies that
+    hold it (a log left in a shared folder by another study's run is no run of this one)."""
+    stored = store.read("runs", None, content_hash=row["content_hash"])
+    others = sorted(set(stored.study) - {study})
+    for before in stored[stored.study == study].to_dict("records"):
+        differs = [c for c in DECLARED_COLUMNS if before[c] != row[c]]
+        if differs:
+            was = ", ".join(f"{c} {before[c]}" for c in differs)
+            now = ", ".join(f"{c} {row[c]}" for c in differs)
+            raise ConfigError(
+                f"{path}: this log is already stored in study {study!r} as {before['run_id']} "
+                f"with {was}; not stored again with {now}"
+            )
+    return tuple(f"{path}: the same log is also stored in study {other!r}" for other in others)
 
 
 def observations_from_store(
@@ -131,13 +176,15 @@ def observations_from_store(
     runs = store.read("runs", study=study, model=model.name, status="finished")
     if runs.empty:
         where = f"study {study!r}" if study else "any study"
-        raise ConfigError(f"{store.root}: no finished runs of {model.name} in {where}; ingest some")
+        raise MeasurementError(
+            f"{store.root}: no finished runs of {model.name} in {where}; ingest some"
+        )
     timers = store.read_run_data("timers", study=study)
     memory = store.read_run_data("memory", study=study)
     iterations = store.read_run_data("iterations", study=study)
     runs = runs[runs.run_id.isin(set(timers.run_id))]  # cluster attempt rows carry no timers
     if runs.empty:
-        raise ConfigError(f"{store.root}: the finished runs of {model.name} have no timers")
+        raise MeasurementError(f"{store.root}: the finished runs of {model.name} have no timers")
     observations = []
     for run in runs.itertuples():
         sizes = ParallelConfig(
@@ -167,8 +214,7 @@ def observations_from_store(
 
 
 def record_fit(store: CostStore, study: str, result: FitResult, runs: Sequence[str]) -> None:
-    from ray_layout.model.costs import costs_to_dict
-
+    """Keep the fit beside the runs it came from, so a study's later plans can start from it."""
     now = time.time()
     store.write(
         "fits",

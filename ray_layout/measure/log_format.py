@@ -3,7 +3,8 @@
 The emulated Megatron prints these, and tests build synthetic logs from known costs with them;
 ``ray_layout.measure.logs`` reads them back.  Formats: ``megatron/core/timers.py`` (timer
 blocks, names dot-padded to 48 characters in the max/minmax forms), ``training.py:training_log``
-(the iteration line) and ``training/utils.py:report_memory`` (the memory line).
+(the iteration line), ``training/utils.py:report_memory`` (the memory line) and
+``training/arguments.py`` (the world line).
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ def iteration_line(
     text += " number of skipped iterations:   0 |"
     text += " number of nan iterations:   0 |"
     return text
+
+
+def world_line(world_size: int, dp: int, cp: int, tp: int, pp: int) -> str:
+    """``arguments.py``'s start-up line on rank 0, in the wording since hierarchical context
+    parallelism (2024; none here); printed with ``print``, so no logger prefix."""
+    return (
+        f"using world size: {world_size}, data-parallel size: {dp}, context-parallel size: {cp}, "
+        f"hierarchical context-parallel sizes: None, tensor-model-parallel size: {tp}, "
+        f"pipeline-model-parallel size: {pp}"
+    )
 
 
 def memory_line(

@@ -23,7 +23,8 @@ from math import gcd
 from pathlib import Path
 from types import MappingProxyType
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, MeasurementError
+from ray_layout.measure.log_world import LogWorld, parse_world
 
 # ``training_log``'s timers_to_log: --timing-log-level 1, then what level 2 adds.
 LEVEL1_TIMERS = (
@@ -55,6 +56,14 @@ LEVEL2_TIMERS = (
     "forward-backward-send-forward-backward-recv",
 )
 TIMER_NAMES = LEVEL1_TIMERS + LEVEL2_TIMERS
+# Blocks of these alone are start-up, evaluation or checkpoint timing, never a training step's.
+NON_TRAINING_TIMERS = frozenset({
+    "model-and-optimizer-setup",
+    "train/valid/test-data-iterators-setup",
+    "load-checkpoint",
+    "save-checkpoint",
+    "evaluate",
+})  # fmt: skip
 
 SKIPPED_EXAMPLES = 5  # how many skipped lines ParsedLog keeps to show
 _EXCERPT_CHARS = 80
@@ -77,21 +86,35 @@ _PREFIX = re.compile(
     re.VERBOSE,
 )
 _HEADER = re.compile(r"(?P<option>\(min, max\) time|max time|times) across ranks \(ms\):\s*$")
+# Where a record starts inside a physical line that unsynchronised writers glued together.
+_GLUED = re.compile(
+    r"\[Rank\s+\d+\]\s+\(|(?:\(min, max\) time|max time|times) across ranks \(ms\):"
+)
+_GLUED_TAIL = r"(?P<tail>[^\s\d.].*?)?\s*$"  # another writer's text right after a value
 _OPTIONS = {"(min, max) time": "minmax", "max time": "max", "times": "all"}
 _ALL_TIMER = re.compile(r"\s*(?P<timer>[^\s:]+):\s*$")
-_ALL_RANK = re.compile(rf"\s*rank\s+(?P<rank>\d+): (?P<ms>{_NUMBER})\s*$")
-_MAX = re.compile(rf"\s*(?P<timer>\S+) \.*: (?P<ms>{_NUMBER})\s*$")
-_MINMAX = re.compile(rf"\s*(?P<timer>\S+) \.*: \((?P<min>{_NUMBER}), (?P<max>{_NUMBER})\)\s*$")
-_ENTRY_HINT = re.compile(r"\brank\s+\d+\s*:|\S \.{3,}:|\btimes? across ranks\b")
-_ITERATION = re.compile(
-    r"\biteration\s+(?P<iteration>\d+)\s*/\s*(?P<train_iters>\d+)\s*\|(?P<rest>.*)$"
+_ALL_RANK = re.compile(rf"\s*rank\s+(?P<rank>\d+): (?P<ms>{_NUMBER}){_GLUED_TAIL}")
+_MAX = re.compile(rf"\s*(?P<timer>\S+) \.*: (?P<ms>{_NUMBER}){_GLUED_TAIL}")
+_MINMAX = re.compile(
+    rf"\s*(?P<timer>\S+) \.*: \((?P<min>{_NUMBER}), (?P<max>{_NUMBER})\){_GLUED_TAIL}"
 )
-_ITERATION_HINT = re.compile(r"\biteration\s+\d+\s*/")
+# Megatron before core (2019-2022): ``time (ms) | name: 12.34 | …``, the last rank's values only.
+_ONE_LINE = re.compile(rf"time \(ms\)(?P<rest>(?:\s*\|\s*[^|:]+:\s*{_NUMBER})+)\s*\|?\s*$")
+_ONE_LINE_ENTRY = re.compile(rf"\|\s*(?P<timer>[^|:]+?)\s*:\s*(?P<ms>{_NUMBER})")
+_ENTRY_HINT = re.compile(r"\brank\s+\d+\s*:|\S \.{3,}:|\btimes? across ranks\b")
+# ``iteration   10/  100 |`` upstream; ``iteration=  10/  100 |`` with ``key=value`` fields in
+# forks that log through a key-value logger (ALCF's Megatron-DeepSpeed).
+_ITERATION = re.compile(
+    r"\biteration(?:\s+|\s*(?P<fork>=)\s*)(?P<iteration>\d+)\s*/\s*(?P<train_iters>\d+)\s*"
+    r"\|(?P<rest>.*)$"
+)
+_ITERATION_HINT = re.compile(r"\biteration(?:\s+|\s*=\s*)\d+\s*/")
+_FORK_KEYS = {"elapsed_time_per_iteration_ms": "elapsed time per iteration (ms)"}
 _MEMORY = re.compile(
     r"\[Rank\s+(?P<rank>\d+)\]\s+\((?:after (?P<iteration>\d+) iterations|[^()]*)\)"
     r"\s+memory \(MB\)\s*(?P<rest>\|.*)?$"
 )
-_FIELD = re.compile(r"(?P<key>[^:|]+?)\s*:\s*(?P<value>\S+)")
+_FIELD = re.compile(r"(?P<key>[^:=|]+?)\s*[:=]\s*(?P<value>\S+)")
 
 
 @dataclass(frozen=True)
@@ -101,7 +124,9 @@ class TimerRecord:
     ``interval`` numbers the blocks in log order from 0; ``iteration`` is the iteration line
     printed before the block (None before the first).  ``stat`` is ``"rank"`` under
     ``--timing-log-option all`` (one record per rank that reported a non-zero value), ``"max"``
-    under ``max`` and ``"min"``/``"max"`` under ``minmax`` (``rank`` None: across all ranks).
+    under ``max``, ``"min"``/``"max"`` under ``minmax`` (``rank`` None: across all ranks) and
+    ``"last"`` in the one-line format of Megatron before core (the last rank's value, rank
+    unknown to the log).
     ``ms`` is Megatron's printed value: accumulated milliseconds / ``--log-interval``.
     """
 
@@ -119,7 +144,8 @@ class IterationRecord:
 
     ``losses`` holds every ``… loss …`` field in print order (``lm loss``, ``mtp_1 loss``,
     ``load_balancing_loss``…), never ``loss scale``.  Fields this record has no place for
-    (``skipped samples``, ``num zeros``, ``params norm``, energy and power) are ignored.
+    (``skipped samples``, ``num zeros``, ``params norm``, energy and power) are ignored, and so
+    are segments that are not ``key: value`` at all (counted in ``unknown_segments``).
     """
 
     iteration: int
@@ -134,6 +160,7 @@ class IterationRecord:
     grad_norm: float | None
     skipped_iterations: int | None
     nan_iterations: int | None
+    unknown_segments: int = 0  # segments that are not ``key: value`` (a fork's own fields)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "losses", MappingProxyType(dict(self.losses)))
@@ -155,6 +182,10 @@ class MemoryRecord:
 class ParsedLog:
     """Everything a log held, in log order, and how many lines looked Megatron's but did not parse.
 
+    ``skipped_examples`` shows the first few of those with their line numbers and why each was
+    dropped.  ``unknown_segments`` counts iteration-line segments that were not ``key: value``;
+    ``split_lines`` the physical lines that held records of several writers glued together.
+
     ``log_interval_hint`` is ``--log-interval`` read off the iteration numbers: every iteration
     logged after the first is a multiple of it, and two consecutive ones pin it down (their GCD);
     None with fewer than two.
@@ -164,8 +195,11 @@ class ParsedLog:
     iterations: tuple[IterationRecord, ...]
     memory: tuple[MemoryRecord, ...]
     skipped_lines: int
-    skipped_examples: tuple[str, ...]  # the first SKIPPED_EXAMPLES, as "line N: '…'"
+    skipped_examples: tuple[str, ...]  # the first SKIPPED_EXAMPLES, as "line N: '…' (why)"
     log_interval_hint: int | None
+    unknown_segments: int = 0
+    split_lines: int = 0
+    world: LogWorld | None = None  # the sizes rank 0 states at start-up, when its log is here
 
     @property
     def intervals(self) -> tuple[int, ...]:
@@ -174,16 +208,23 @@ class ParsedLog:
 
     @property
     def training_intervals(self) -> tuple[int, ...]:
-        """The blocks ``training_log`` printed: the first block after each iteration line.
+        """The blocks ``training_log`` printed: the first block after each iteration line that
+        holds a timer outside NON_TRAINING_TIMERS.
 
         Start-up blocks (``model-and-optimizer-setup``, ``load-checkpoint``) come before any
         iteration line; ``evaluate`` and ``save-checkpoint`` blocks follow the training block of
-        the same iteration.  Assumes one run per log: a restart appended to the same file keeps
-        the previous run's iteration until its own first iteration line.
+        the same iteration, or stand alone when the run logged no training timers, and are never
+        taken for one.  Assumes one run per log: a restart appended to the same file keeps the
+        previous run's iteration until its own first iteration line.
         """
         iteration_of = {record.interval: record.iteration for record in self.timers}
+        names: dict[int, set[str]] = {}
+        for record in self.timers:
+            names.setdefault(record.interval, set()).add(record.timer)
         chosen, previous = [], None
         for interval in self.intervals:
+            if names[interval] <= NON_TRAINING_TIMERS:
+                continue
             iteration = iteration_of[interval]
             if iteration is not None and iteration != previous:
                 chosen.append(interval)
@@ -224,70 +265,132 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
 
     A timer block is printed by one rank while the others keep writing, so it stays open across
     their lines until the next header or iteration line; an entry repeated within a block is
-    skipped.  Megatron ends every line with a newline, so a last line without one was cut off
-    mid-write: it is skipped and counted even when it happens to parse.  Raises
-    :class:`ConfigError` when nothing in ``text`` is Megatron's.
+    skipped.  Records that unsynchronised writers glued onto one physical line are split apart
+    and each read.  Megatron ends every line with a newline, so a last line without one was cut
+    off mid-write: it is skipped and counted even when it happens to parse.  Raises
+    :class:`MeasurementError` when nothing in ``text`` is Megatron's, saying why when lines that
+    looked like Megatron's were dropped.
     """
     lines = _LINE_BREAK.split(_ANSI.sub("", text.removeprefix("\ufeff")))
-    timers: list[TimerRecord] = []
-    iterations: list[IterationRecord] = []
-    memory: list[MemoryRecord] = []
-    skipped: list[tuple[int, str]] = []
-    interval, iteration = -1, None
-    option: str | None = None  # the open block's --timing-log-option; None outside a block
-    block_iteration, timer, seen = None, None, set()
+    reader = _Reader()
     for number, raw in enumerate(lines[:-1], start=1):
-        line = _content(raw)
-        if not line.strip():
-            continue
-        if header := _HEADER.search(line):
-            interval += 1
-            option, block_iteration = _OPTIONS[header["option"]], iteration
-            timer, seen = None, set()
-        elif _ITERATION_HINT.search(line):
-            if (record := _iteration_record(line)) is None:
-                skipped.append((number, raw))
-            else:
-                iterations.append(record)
-                iteration, option = record.iteration, None  # the block's printer has moved on
-        elif "memory (MB)" in line:
-            match = _MEMORY.search(line)
-            if match is not None and match["iteration"] is None:
-                continue  # reports around save_checkpoint: not an iteration's memory
-            if (record := _memory_record(match)) is None:
-                skipped.append((number, raw))
-            else:
-                memory.append(record)
-        elif option == "all" and (match := _ALL_TIMER.match(line)):
-            timer = match["timer"]
-        else:
-            entry = _timer_entry(line, option, timer)
-            if entry is not None and entry[:2] not in seen:
-                seen.add(entry[:2])
-                timers += [
-                    TimerRecord(interval, block_iteration, entry[1], entry[0], ms, stat)
-                    for stat, ms in entry[2]
-                ]
-            elif _ENTRY_HINT.search(line):
-                skipped.append((number, raw))
-                if "across ranks" in line:
-                    option = None  # a damaged header: what follows belongs to no known block
+        read = [reader.read(number, raw, piece) for piece in _pieces(_content(raw))]
+        reader.split_lines += sum(read) > 1
     if _content(lines[-1]).strip():
-        skipped.append((len(lines), lines[-1]))  # cut off: see the docstring
-    if not (timers or iterations or memory):
-        raise ConfigError(
+        reader.skip(len(lines), lines[-1], "cut off: the log ends without a newline")
+    examples = tuple(f"line {n}: {_excerpt(raw)} ({why})" for n, raw, why in reader.skipped)
+    if not (reader.timers or reader.iterations or reader.memory):
+        if reader.skipped:
+            raise MeasurementError(
+                f"{source}: no Megatron timers, iteration or memory lines could be read: "
+                f"{len(reader.skipped)} line(s) that look like them were dropped, first "
+                f"{examples[0]}"
+            )
+        raise MeasurementError(
             f"{source}: no Megatron timers, iteration or memory lines found ({_first_line(lines)})"
         )
     return ParsedLog(
-        timers=tuple(timers),
-        iterations=tuple(iterations),
-        memory=tuple(memory),
-        skipped_lines=len(skipped),
-        skipped_examples=tuple(
-            f"line {n}: {_excerpt(raw)}" for n, raw in skipped[:SKIPPED_EXAMPLES]
-        ),
-        log_interval_hint=_log_interval_hint([record.iteration for record in iterations]),
+        timers=tuple(reader.timers),
+        iterations=tuple(reader.iterations),
+        memory=tuple(reader.memory),
+        skipped_lines=len(reader.skipped),
+        skipped_examples=examples[:SKIPPED_EXAMPLES],
+        log_interval_hint=_log_interval_hint([record.iteration for record in reader.iterations]),
+        unknown_segments=sum(record.unknown_segments for record in reader.iterations),
+        split_lines=reader.split_lines,
+        world=parse_world(text),
     )
+
+
+@dataclass
+class _Reader:
+    """The records read so far and the open timer block (``option`` None: no block open)."""
+
+    timers: list[TimerRecord] = field(default_factory=list)
+    iterations: list[IterationRecord] = field(default_factory=list)
+    memory: list[MemoryRecord] = field(default_factory=list)
+    skipped: list[tuple[int, str, str]] = field(default_factory=list)  # (line, text, why)
+    split_lines: int = 0
+    interval: int = -1
+    iteration: int | None = None
+    option: str | None = None
+    block_iteration: int | None = None
+    timer: str | None = None  # the ``all`` block's timer whose ranks follow
+    seen: set[tuple[str, int | None]] = field(default_factory=set)
+
+    def skip(self, number: int, raw: str, why: str) -> None:
+        self.skipped.append((number, raw, why))
+
+    def open_block(self, option: str) -> None:
+        self.interval += 1
+        self.option, self.block_iteration = option, self.iteration
+        self.timer, self.seen = None, set()
+
+    def add(self, timer: str, rank: int | None, values: tuple[tuple[str, float], ...]) -> None:
+        self.seen.add((timer, rank))
+        self.timers += [
+            TimerRecord(self.interval, self.block_iteration, rank, timer, ms, stat)
+            for stat, ms in values
+        ]
+
+    def read(self, number: int, raw: str, line: str) -> bool:
+        """One record's text (a physical line, or a piece of a glued one); whether it was one
+        of Megatron's (read or dropped)."""
+        before = (self.interval, len(self.timers), len(self.iterations), len(self.memory),
+                  len(self.skipped))  # fmt: skip
+        self._read(number, raw, line)
+        return before != (self.interval, len(self.timers), len(self.iterations),
+                          len(self.memory), len(self.skipped))  # fmt: skip
+
+    def _read(self, number: int, raw: str, line: str) -> None:
+        if not line.strip():
+            return
+        if header := _HEADER.search(line):
+            self.open_block(_OPTIONS[header["option"]])
+        elif _ITERATION_HINT.search(line):
+            if (record := _iteration_record(line)) is None:
+                self.skip(
+                    number, raw, "an iteration line cut short or with a value that is no number"
+                )
+            else:
+                self.iterations.append(record)
+                self.iteration, self.option = record.iteration, None  # the printer moved on
+        elif "memory (MB)" in line:
+            match = _MEMORY.search(line)
+            if match is not None and match["iteration"] is None:
+                return  # reports around save_checkpoint: not an iteration's memory
+            if (record := _memory_record(match)) is None:
+                self.skip(number, raw, "a memory line without its four sizes")
+            else:
+                self.memory.append(record)
+        elif one_line := _ONE_LINE.match(line):
+            self.open_block("last")
+            for entry in _ONE_LINE_ENTRY.finditer(one_line["rest"]):
+                self.add(entry["timer"], None, (("last", float(entry["ms"])),))
+            self.option = None  # the whole block is this one line
+        elif self.option == "all" and (match := _ALL_TIMER.match(line)):
+            self.timer = match["timer"]
+        elif (entry := _timer_entry(line, self.option, self.timer)) is not None:
+            timer, rank, values, glued = entry
+            if (timer, rank) in self.seen:
+                self.skip(number, raw, "repeats an entry of its timer block")
+            else:
+                self.add(timer, rank, values)
+                self.split_lines += glued
+        elif _ENTRY_HINT.search(line):
+            if "across ranks" in line:
+                self.option = None  # a damaged header: what follows belongs to no known block
+                self.skip(number, raw, "a damaged timer block header")
+            elif self.option is None:
+                self.skip(number, raw, "a timer entry outside any timer block")
+            else:
+                self.skip(number, raw, "a timer entry whose value is no number")
+
+
+def _pieces(line: str) -> list[str]:
+    """``line`` cut before every record that starts inside it (after other text)."""
+    cuts = [m.start() for m in _GLUED.finditer(line) if line[: m.start()].strip()]
+    return [line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)], strict=True)]
 
 
 def parse_iteration_line(raw: str) -> IterationRecord | None:
@@ -305,23 +408,24 @@ def _content(raw: str) -> str:
 
 def _timer_entry(
     line: str, option: str | None, timer: str | None
-) -> tuple[str, int | None, tuple[tuple[str, float], ...]] | None:
-    """(timer, rank, ((stat, ms), …)) for one line of an open block, or None."""
+) -> tuple[str, int | None, tuple[tuple[str, float], ...], bool] | None:
+    """(timer, rank, ((stat, ms), …), whether other text was glued on) for one line of an open
+    block, or None."""
     if option == "all" and timer is not None and (match := _ALL_RANK.match(line)):
-        return timer, int(match["rank"]), (("rank", float(match["ms"])),)
+        return timer, int(match["rank"]), (("rank", float(match["ms"])),), bool(match["tail"])
     if option == "max" and (match := _MAX.match(line)):
-        return match["timer"], None, (("max", float(match["ms"])),)
+        return match["timer"], None, (("max", float(match["ms"])),), bool(match["tail"])
     if option == "minmax" and (match := _MINMAX.match(line)):
-        return match["timer"], None, (("min", float(match["min"])), ("max", float(match["max"])))
+        values = (("min", float(match["min"])), ("max", float(match["max"])))
+        return match["timer"], None, values, bool(match["tail"])
     return None
 
 
-def _fields(segments: list[str]) -> dict[str, str] | None:
-    """``key: value`` segments of a ``|``-separated line, or None if one is not."""
+def _fields(segments: list[str]) -> tuple[dict[str, str], int]:
+    """``key: value`` segments of a ``|``-separated line, and how many segments were not."""
     matches = [_FIELD.fullmatch(segment.strip()) for segment in segments]
-    if not all(matches):
-        return None
-    return {match["key"]: match["value"] for match in matches if match}
+    fields = {match["key"]: match["value"] for match in matches if match}
+    return fields, sum(match is None for match in matches)
 
 
 def _optional(convert: type[int] | type[float], value: str | None) -> int | float | None:
@@ -333,8 +437,10 @@ def _iteration_record(line: str) -> IterationRecord | None:
     match = _ITERATION.search(line)
     if match is None or not match["rest"].rstrip().endswith("|"):
         return None  # Megatron ends the line with " |": anything else lost its tail
-    fields = _fields(match["rest"].rstrip().split("|")[:-1])
-    if fields is None or "elapsed time per iteration (ms)" not in fields:
+    fields, unknown = _fields(match["rest"].rstrip().split("|")[:-1])
+    if match["fork"]:
+        fields = {_FORK_KEYS.get(k, k.replace("_", " ")): v for k, v in fields.items()}
+    if "elapsed time per iteration (ms)" not in fields:
         return None
     try:
         return IterationRecord(
@@ -350,6 +456,7 @@ def _iteration_record(line: str) -> IterationRecord | None:
             grad_norm=_optional(float, fields.get("grad norm")),
             skipped_iterations=_optional(int, fields.get("number of skipped iterations")),
             nan_iterations=_optional(int, fields.get("number of nan iterations")),
+            unknown_segments=unknown,
         )
     except ValueError:
         return None
@@ -359,9 +466,9 @@ def _memory_record(match: re.Match[str] | None) -> MemoryRecord | None:
     """The four sizes of a ``(after K iterations)`` memory line; None if one is missing."""
     if match is None or match["rest"] is None:
         return None
-    fields = _fields(match["rest"].split("|")[1:])
+    fields, _ = _fields(match["rest"].split("|")[1:])
     keys = ("allocated", "max allocated", "reserved", "max reserved")
-    if fields is None or not all(key in fields for key in keys):
+    if not all(key in fields for key in keys):
         return None
     try:
         sizes = [float(fields[key]) for key in keys]

@@ -1,23 +1,29 @@
 """The cost store: runs, timers, fits and A/B decisions as hive-partitioned Parquet files.
 
-Layout: ``<root>/table=<name>/study=<id>/part-<uuid>.parquet``.  Every write is one new file,
-written as ``.tmp-<uuid>.parquet`` in the same folder, fsynced, then renamed with ``os.replace``,
-so a reader sees a whole file or none of it and concurrent writers (threads, processes, hosts on
-one POSIX file system) need no lock.  Readers skip names that start with ``.`` or ``_``.  Later
-versions may only add nullable columns; reads unify the schemas of all files, so rows of older
-files get nulls in newer columns.  DuckDB reads the same files with ``read_parquet('<root>/
-table=runs/study=*/part-*.parquet', hive_partitioning=true, union_by_name=true)``.
+Layout: ``<root>/table=<name>/study=<id>/part-<uuid>.parquet``, one hive-partitioned dataset per
+table that pandas, pyarrow.dataset, DuckDB and Polars read as it is (``docs/measure.md`` lists
+the schema).  ``study`` lives in the folder name only, never in a file: a reader adds it from
+the partition, and a file column of the same name would clash with it.  Every file carries
+``schema_version``; version 1 files also held ``study``, and this store still reads them.
+
+Every write is one new file, written as ``.tmp-<uuid>.parquet`` in the same folder, fsynced, then
+renamed with ``os.replace``, so a reader sees a whole file or none of it and concurrent writers
+(threads, processes, hosts on one POSIX file system) need no lock.  Readers skip names that
+start with ``.`` or ``_``.  Later versions may only add nullable columns; reads unify the schemas
+of all files, so rows of older files get nulls in newer columns.
 
 :meth:`CostStore.write_run` ingests one run: its timers, iterations and memory files first, its
 ``runs`` row last, and :meth:`CostStore.read_run_data` shows only runs that have a ``runs`` row,
 so a writer that dies half way leaves nothing visible there.  A run already in the study (same
 ``run_id`` or ``content_hash``) is skipped.  Processes ingesting the same run at once race for a
-claim file ``<root>/_claims/<study>/<sha256 of the content hash, else the run id>``; the winner
-writes, the others skip.  A claim older than ``stale_claim_s`` (10 minutes by default) whose run
-has no ``runs`` row belongs to a writer that died: the next ingest takes it over (exactly one
-taker per dead claim) and deletes the dead writer's orphan files.  Keep the timeout longer than
-the slowest ingest of one run: a writer merely slower than that may be taken over, and if it
-passes its last ownership check first the run is stored twice.
+claim file ``<root>/_claims/<study>/<sha256 of the content hash, else the run id>`` holding the
+writer's host, pid and process start time; the winner writes, the others skip.  A claim whose
+run has no ``runs`` row is dead when its writer's process is gone (same host: checked at once)
+or when it is older than ``stale_claim_s`` (10 minutes by default; the only test for a writer on
+another host): the next ingest takes it over (exactly one taker per dead claim) and deletes the
+dead writer's orphan files.  Keep the timeout longer than the slowest ingest of one run: a
+writer on another host merely slower than that may be taken over, and if it passes its last
+ownership check first the run is stored twice.
 """
 
 from __future__ import annotations
@@ -42,16 +48,17 @@ import pyarrow.parquet as pq
 
 from ray_layout.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: ``study`` only in the partition path, no longer a file column
 STALE_CLAIM_S = 600.0
 RUN_DATA_TABLES = ("timers", "iterations", "memory")
 
 Rows = pd.DataFrame | Sequence[Mapping[str, Any]]
 
 _HOST = socket.gethostname()
+_PARTITION_KEY = "study"
 _STR, _INT, _FLOAT = pa.string(), pa.int64(), pa.float64()
 _STUDY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_PARTITIONING = ds.partitioning(pa.schema([("study", _STR)]), flavor="hive")
+_PARTITIONING = ds.partitioning(pa.schema([(_PARTITION_KEY, _STR)]), flavor="hive")
 
 
 def _schema(keys: set[str], **columns: pa.DataType) -> pa.Schema:
@@ -185,7 +192,7 @@ class CostStore:
         """Like :meth:`read` for timers, iterations or memory, but only rows of runs that have
         their ``runs`` row, i.e. whose ingest finished."""
         if table not in RUN_DATA_TABLES:
-            raise ConfigError(f"read_run_data reads {', '.join(RUN_DATA_TABLES)}, not {table!r}")
+            raise ValueError(f"read_run_data reads {', '.join(RUN_DATA_TABLES)}, not {table!r}")
         # Runs first: a runs row present now had all its data files written before it.
         present = self.read("runs", study)[["study", "run_id"]].drop_duplicates()
         return self.read(table, study, **equals).merge(present, on=["study", "run_id"])
@@ -199,7 +206,7 @@ class CostStore:
         """
         unknown = sorted(set(tables) - set(RUN_DATA_TABLES))
         if unknown:
-            raise ConfigError(f"write_run takes {', '.join(RUN_DATA_TABLES)}, not {unknown}")
+            raise ValueError(f"write_run takes {', '.join(RUN_DATA_TABLES)}, not {unknown}")
         runs_row = _to_arrow("runs", _frame([run]), study)
         run_id = runs_row["run_id"][0].as_py()
         content_hash = runs_row["content_hash"][0].as_py()
@@ -289,7 +296,8 @@ class CostStore:
         """
         claim.parent.mkdir(parents=True, exist_ok=True)
         temp = claim.with_name(f".{claim.name}.{token}.tmp")
-        temp.write_text(json.dumps({"token": token, "pid": os.getpid(), "host": _HOST}))
+        temp.write_text(json.dumps({"token": token, "host": _HOST, "pid": os.getpid(),
+                                    "started": _process_start(os.getpid())}))  # fmt: skip
         try:
             os.link(temp, claim)
             return ""
@@ -299,18 +307,21 @@ class CostStore:
             temp.unlink(missing_ok=True)
 
     def _take_over(self, claim: Path, temp: Path) -> str | None:
-        """Replace a stale claim with ours; of all writers that find it stale, the one that
+        """Replace a dead claim with ours; of all writers that find it dead, the one that
         creates its ``.taken-<token>`` marker first wins, so it is taken over once."""
         state = _read_claim(claim)
-        if state is None or time.time() - state[0] <= self.stale_claim_s:
+        if state is None:
             return None
-        marker = claim.with_name(f"{claim.name}.taken-{state[1]}")
+        modified, owner = state
+        if not _writer_gone(owner) and time.time() - modified <= self.stale_claim_s:
+            return None
+        marker = claim.with_name(f"{claim.name}.taken-{owner['token']}")
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return None
         os.replace(temp, claim)
-        return state[1]
+        return owner["token"]
 
     def _discard(self, study: str, token: str) -> None:
         """Delete the data files one ingest wrote (never its runs file: that makes a run whole)."""
@@ -324,18 +335,52 @@ class CostStore:
             os.utime(claim, (0, 0))
 
 
-def _read_claim(claim: Path) -> tuple[float, str] | None:
-    """(mtime, token) of a claim through one handle, so both describe the same file."""
+def _read_claim(claim: Path) -> tuple[float, dict[str, Any]] | None:
+    """(mtime, content) of a claim through one handle, so both describe the same file."""
     try:
         with open(claim) as file:
-            return os.fstat(file.fileno()).st_mtime, json.load(file)["token"]
+            return os.fstat(file.fileno()).st_mtime, json.load(file)
     except FileNotFoundError:
         return None
 
 
 def _holds(claim: Path, token: str) -> bool:
     state = _read_claim(claim)
-    return state is not None and state[1] == token
+    return state is not None and state[1]["token"] == token
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Linux's /proc/<pid>/stat fields from the state on (the name before may hold spaces)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _process_start(pid: int) -> str | None:
+    """When a process started (clock ticks since boot), so that a new process that reuses a
+    dead writer's pid is not taken for it; None where /proc has no answer."""
+    fields = _proc_stat(pid)
+    return None if fields is None else fields[19]
+
+
+def _writer_gone(owner: Mapping[str, Any]) -> bool:
+    """Whether a claim's writer has exited (a zombie has): known only for a writer on this
+    host."""
+    pid = owner.get("pid")
+    if owner.get("host") != _HOST or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # another user's process: alive
+    fields = _proc_stat(pid)
+    if fields is None:
+        return False  # no /proc: the pid answering is all there is to go by
+    started = owner.get("started")
+    return fields[0] in ("Z", "X") or (started is not None and started != fields[19])
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -349,7 +394,7 @@ def _fsync_dir(folder: Path) -> None:
 
 def _table_schema(table: str) -> pa.Schema:
     if table not in TABLE_SCHEMAS:
-        raise ConfigError(f"unknown table {table!r}; tables are {', '.join(TABLE_SCHEMAS)}")
+        raise ValueError(f"unknown table {table!r}; tables are {', '.join(TABLE_SCHEMAS)}")
     return TABLE_SCHEMAS[table]
 
 
@@ -367,30 +412,35 @@ def _frame(rows: Rows) -> pd.DataFrame:
 
 def _with_run_id(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
     if "run_id" in frame and not (frame["run_id"] == run_id).all():
-        raise ConfigError(f"rows given for run {run_id!r} name another run_id")
+        raise ValueError(f"rows given for run {run_id!r} name another run_id")
     return frame.assign(run_id=run_id)
 
 
-def _to_arrow(table: str, frame: pd.DataFrame, study: str) -> pa.Table:
-    """Rows cast to the table's schema; ``study`` and ``schema_version`` are set here, and a
-    ``study`` column in the rows, which every table accepts, must name the partition's study."""
+def file_schema(table: str) -> pa.Schema:
+    """The columns a table's files hold: its schema less ``study``, which the partition holds."""
     schema = _table_schema(table)
+    index = schema.get_field_index(_PARTITION_KEY)
+    return schema if index < 0 else schema.remove(index)
+
+
+def _to_arrow(table: str, frame: pd.DataFrame, study: str) -> pa.Table:
+    """Rows cast to the table's file schema; ``schema_version`` is set here, and a ``study``
+    column in the rows, which every table accepts, must name the partition's study."""
+    schema = file_schema(table)
     _check_study(study)
     unknown = sorted(set(frame.columns) - set(schema.names) - {"study"})
     if unknown:
-        raise ConfigError(f"table {table!r} has no column(s) {', '.join(map(str, unknown))}")
+        raise ValueError(f"table {table!r} has no column(s) {', '.join(map(str, unknown))}")
     if len(frame) == 0:
-        raise ConfigError(f"no rows to write to table {table!r}")
+        raise ValueError(f"no rows to write to table {table!r}")
     if "study" in frame and not (frame["study"] == study).all():
-        raise ConfigError(f"rows for study {study!r} name another study")
-    arrays = [_column(table, field, _values(field.name, frame, study)) for field in schema]
+        raise ValueError(f"rows for study {study!r} name another study")
+    arrays = [_column(table, field, _values(field.name, frame)) for field in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _values(name: str, frame: pd.DataFrame, study: str) -> Any:
+def _values(name: str, frame: pd.DataFrame) -> Any:
     """One column's values: set by the store, given in the rows, or null."""
-    if name == "study":
-        return [study] * len(frame)
     if name == "schema_version":
         return [SCHEMA_VERSION] * len(frame)
     return frame[name] if name in frame else [None] * len(frame)
@@ -400,9 +450,9 @@ def _column(table: str, field: pa.Field, values: Any) -> pa.Array:
     try:
         array = pa.array(values, type=field.type, from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise ConfigError(f"table {table!r} column {field.name!r}: {_first_line(exc)}") from None
+        raise ValueError(f"table {table!r} column {field.name!r}: {_first_line(exc)}") from None
     if not field.nullable and array.null_count:
-        raise ConfigError(f"table {table!r} column {field.name!r} must not be null")
+        raise ValueError(f"table {table!r} column {field.name!r} must not be null")
     return array
 
 
@@ -411,14 +461,14 @@ def _where(table: str, schema: pa.Schema, equals: Mapping[str, Any]) -> ds.Expre
     conditions = []
     for name, value in equals.items():
         if name not in schema.names:
-            raise ConfigError(f"table {table!r} has no column {name!r}")
+            raise ValueError(f"table {table!r} has no column {name!r}")
         if value is None:
             conditions.append(ds.field(name).is_null())
             continue
         try:
             conditions.append(ds.field(name) == pa.scalar(value, type=schema.field(name).type))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise ConfigError(f"filter {name}={value!r}: {_first_line(exc)}") from None
+            raise ValueError(f"filter {name}={value!r}: {_first_line(exc)}") from None
     return functools.reduce(operator.and_, conditions) if conditions else None
 
 

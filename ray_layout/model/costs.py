@@ -67,6 +67,8 @@ class UnitCosts:
     seq_length: int
     tp: int
     ep: int
+    cp: int | None = None  # None: not recorded (costs written before it was)
+    vocab_size: int | None = None  # the tokenizer's, before padding
     gpus_per_node: int = 8
     jitter_cv: Mapping[str, float] = field(default_factory=dict)
     memory_calibration: Mapping[str, float] = field(default_factory=dict)
@@ -81,7 +83,8 @@ class UnitCosts:
                 object.__setattr__(self, f.name, MappingProxyType(dict(value)))
 
 
-_COUNTS = frozenset({"micro_batch_size", "seq_length", "tp", "ep", "gpus_per_node"})
+_COUNTS = frozenset({"micro_batch_size", "seq_length", "tp", "ep", "cp", "vocab_size",
+                     "gpus_per_node"})  # fmt: skip
 _TEXTS = frozenset({"source", "model", "format"})
 _UNIT_MAPS = frozenset({"forward_ms", "backward_ms", "jitter_cv", "memory_calibration"})
 _POSITIVE = frozenset({"memory_calibration", "mtp_standalone_factor"})  # multipliers
@@ -160,10 +163,11 @@ def load_costs(path: str | Path) -> UnitCosts:
 
 
 def costs_to_dict(costs: UnitCosts) -> dict[str, Any]:
-    """The JSON mapping of ``costs``, format first."""
+    """The JSON mapping of ``costs``, format first; provenance not recorded is left out."""
     values = {
         f.name: dict(v) if isinstance(v := getattr(costs, f.name), Mapping) else v
         for f in fields(costs)
+        if getattr(costs, f.name) is not None
     }
     return {"format": values.pop("format"), **values}
 
@@ -180,6 +184,36 @@ def save_costs(costs: UnitCosts, path: str | Path) -> None:
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def provenance(model: ModelSpec, parallel: ParallelConfig) -> dict[str, Any]:
+    """The run shape costs hold for, as :class:`UnitCosts` records it beside them."""
+    return {
+        "model": model.name,
+        "micro_batch_size": parallel.micro_batch_size,
+        "seq_length": model.seq_length,
+        "tp": parallel.tp,
+        "ep": parallel.ep,
+        "cp": parallel.cp,
+        "vocab_size": model.vocab_size,
+    }
+
+
+def provenance_mismatches(
+    costs: UnitCosts, model: ModelSpec, parallel: ParallelConfig
+) -> list[str]:
+    """Where the shape ``costs`` were measured under differs from the recipe they would be
+    used for, e.g. ``"seq_length 2048 (costs) vs 4096 (recipe)"``; empty when they match.
+    Costs that do not record CP or the vocabulary (older files) are not checked on them.
+
+    Every unit's time depends on these: tokens per micro-batch (micro-batch size x sequence
+    length), how TP, CP and EP split the work, and the vocabulary the output layer computes."""
+    recipe = provenance(model, parallel)
+    return [
+        f"{key} {getattr(costs, key)} (costs) vs {value} (recipe)"
+        for key, value in recipe.items()
+        if getattr(costs, key) is not None and getattr(costs, key) != value
+    ]
 
 
 def costs_from_flops(
@@ -219,12 +253,8 @@ def costs_from_flops(
         grad_sync_ms_per_gparam=sync_bytes * (dp - 1) / dp / sync_gb_per_s * 1e3,
         optimizer_ms_per_gparam=ADAM_BYTES_MOVED / optimizer_shard / hbm_gb_per_s * 1e3,
         source="flops",
-        model=model.name,
-        micro_batch_size=parallel.micro_batch_size,
-        seq_length=model.seq_length,
-        tp=parallel.tp,
-        ep=parallel.ep,
         gpus_per_node=gpus_per_node,
+        **provenance(model, parallel),
     )
 
 

@@ -23,11 +23,21 @@ _SYMBOL_REPEAT = re.compile(r"(.)\*(\d+)")
 
 
 def _unroll(pattern: re.Pattern[str], text: str) -> str:
+    """``text`` with ``pattern``'s repeats unrolled; the cap holds for the whole layout, so a
+    thousand repeats that are each under it cannot add up to gigabytes."""
+    expanded = len(text)
+
     def repeat(match: re.Match[str]) -> str:
-        times = int(match.group(2))
-        if len(match.group(1)) * times > MAX_EXPANDED_LENGTH:
-            raise LayoutError(f"layout expands to more than {MAX_EXPANDED_LENGTH} symbols")
-        return match.group(1) * times
+        nonlocal expanded
+        unit, digits = match.group(1), match.group(2).lstrip("0")
+        # more digits than the cap has: too many, and never turned into an int (Python refuses
+        # over 4,300 digits)
+        times = int(digits or "0") if len(digits) <= len(str(MAX_EXPANDED_LENGTH)) else None
+        if times is not None:
+            expanded += len(unit) * times - len(match.group(0))
+        if times is None or expanded > MAX_EXPANDED_LENGTH:
+            raise LayoutError(f"layout expands to more than {MAX_EXPANDED_LENGTH:,} symbols")
+        return unit * times
 
     return pattern.sub(repeat, text)
 

@@ -35,6 +35,6 @@ def _is_hf_config(path: Path) -> bool:
     """Hugging Face configs carry ``model_type`` or ``architectures``; this project's never do."""
     try:
         raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON, or a 5,000-digit int
         return False  # load_recipe_file reports it
     return isinstance(raw, dict) and ("model_type" in raw or "architectures" in raw)

@@ -18,6 +18,8 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -253,41 +255,94 @@ def _split_at_script(commands: list[list[str]]) -> tuple[list[str], list[str]]:
     return command[:j], command[j + 1 :]
 
 
-def parse_flags(words: list[str], source: str) -> dict[str, Any]:
-    """Megatron's argparse over the script's arguments: dest -> typed value, the last one winning.
+@dataclass(frozen=True)
+class FlagUse:
+    """One option of a command line as Megatron's argparse takes it."""
 
-    Words that no flag takes (shell leftovers such as the ``2`` of ``2>&1``) are skipped.
+    flag: str  # the option string as written, before any "="
+    entry: dict[str, Any]  # its argparse entry in the flag table
+    values: tuple[str, ...]  # the words it takes; none for a switch
+
+
+def walk_flags(words: Sequence[str], source: str, *, strict: bool) -> Iterator[FlagUse]:
+    """Walk ``words`` as Megatron's argparse does: each option with the words it takes.
+
+    Raises :class:`ConfigError` (prefixed by ``source``) at an unknown flag, a value given to a
+    switch or too few values.  A word that no option takes is an error when ``strict``; otherwise
+    it is skipped, as a launch script leaves shell words around (the ``2`` of ``2>&1``).
     """
     table = megatron_flag_table()
-    parsed: dict[str, Any] = {}
     i = 0
     while i < len(words):
-        flag, has_inline, inline = words[i].partition("=")
+        word = words[i]
         i += 1
+        flag, has_inline, inline = word.partition("=")
         if not flag.startswith("--"):
-            continue
+            if not strict:
+                continue
+            if not flag.startswith("-"):
+                raise ConfigError(
+                    f"{source}: argument {word!r} is not a flag and follows no flag that takes it"
+                )
         entry = table.get(flag)
         if entry is None:
             raise ConfigError(f"{source}: unknown Megatron flag {flag}")
         nargs = entry["nargs"]
         if nargs == 0:
             if has_inline:
-                raise ConfigError(f"{source}: {flag} takes no value, got {words[i - 1]!r}")
-            parsed[entry["dest"]] = _switch(flag, entry)
+                raise ConfigError(f"{source}: {flag} takes no value, got {word!r}")
+            yield FlagUse(flag, entry, ())
             continue
         least, most = _arity(nargs)
         if has_inline:
-            args = [inline]
+            values = [inline]
         else:
             end = i
             while end < len(words) and (most is None or end - i < most) and _is_value(words[end]):
                 end += 1
-            args, i = words[i:end], end
-        if len(args) < least:
+            values, i = list(words[i:end]), end
+        if len(values) < least:
             count = f"{'at least ' if most is None else ''}{least} value{'s' * (least > 1)}"
-            raise ConfigError(f"{source}: {flag} expects {count}, got {len(args)}")
-        values = [_typed(flag, entry, arg, source) for arg in args]
-        parsed[entry["dest"]] = values[0] if nargs is None else values
+            raise ConfigError(f"{source}: {flag} expects {count}, got {len(values)}")
+        yield FlagUse(flag, entry, tuple(values))
+
+
+def typed_value(use: FlagUse, text: str, source: str) -> Any:
+    """The value argparse would store for one of ``use``'s words; Megatron's own converters
+    (moe_freq_type, enums, ...) are not in the flag table, so their values keep their text.
+    Raises :class:`ConfigError` for a value of the wrong type or outside the flag's choices."""
+    entry = use.entry
+    convert = _CONVERTERS.get(entry["type"])
+    if convert is None:
+        return text
+    try:
+        value = convert(text)
+    except ValueError:
+        raise ConfigError(
+            f"{source}: {use.flag} needs a value of type {entry['type']}, got {text!r}"
+        ) from None
+    if entry["choices"] is not None and value not in entry["choices"]:
+        choices = ", ".join(map(str, entry["choices"]))
+        raise ConfigError(f"{source}: {use.flag} must be one of {choices}, got {text!r}")
+    return value
+
+
+def parse_flags(words: Sequence[str], source: str) -> dict[str, Any]:
+    """Megatron's argparse over a script's arguments: dest -> typed value, the last one winning.
+
+    Words that no flag takes are skipped; a value that depends on a variable the script could not
+    resolve keeps its text (an error only for a flag this tool uses, see :func:`_recipe`).
+    """
+    parsed: dict[str, Any] = {}
+    for use in walk_flags(words, source, strict=False):
+        entry = use.entry
+        if entry["nargs"] == 0:
+            parsed[entry["dest"]] = _switch(use.flag, entry)
+            continue
+        values = [
+            text if _leftover(text) else typed_value(use, text, source) for text in use.values
+        ]
+        parsed[entry["dest"]] = values[0] if entry["nargs"] is None else values
     return parsed
 
 
@@ -297,7 +352,7 @@ def _arity(nargs: int | str | None) -> tuple[int, int | None]:
         return 1, 1
     if isinstance(nargs, int):
         return nargs, nargs
-    return (1 if nargs == "+" else 0), None
+    return {"?": (0, 1), "*": (0, None), "+": (1, None)}[nargs]
 
 
 def _is_value(word: str) -> bool:
@@ -312,25 +367,6 @@ def _switch(flag: str, entry: dict[str, Any]) -> bool:
     if f"--no-{flag[2:]}" in entry["flags"]:
         return True
     return not entry["default"]
-
-
-def _typed(flag: str, entry: dict[str, Any], text: str, source: str) -> Any:
-    """The value argparse would store.  Megatron's own converters (moe_freq_type, enums, ...) and
-    values that depend on an unresolved variable keep their text; only the latter is an error, and
-    only for a flag this tool uses."""
-    convert = _CONVERTERS.get(entry["type"])
-    if convert is None or _leftover(text):
-        return text
-    try:
-        value = convert(text)
-    except ValueError:
-        raise ConfigError(
-            f"{source}: {flag} needs a value of type {entry['type']}, got {text!r}"
-        ) from None
-    if entry["choices"] is not None and value not in entry["choices"]:
-        choices = ", ".join(map(str, entry["choices"]))
-        raise ConfigError(f"{source}: {flag} must be one of {choices}, got {text!r}")
-    return value
 
 
 def _world_size(launcher: list[str], source: str) -> int | None:

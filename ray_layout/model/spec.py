@@ -19,6 +19,14 @@ import yaml
 
 from ray_layout.errors import ConfigError
 
+# Bounds far above any real model or cluster: a typo (a billion layers, a 20-digit size) ends in
+# one line naming the field, not in a MemoryError, an OverflowError or an hour of work.
+MAX_LAYERS = 1_024  # decoder layers, and MTP layers
+MAX_DIMENSION = 2**24  # any other size of a model or a batch: hidden, FFN, vocabulary, sequence
+MAX_PARALLEL_SIZE = 65_536  # GPUs in one parallel dimension, sequences in a micro-batch
+MAX_PIPELINE_STAGES = 1_024  # PP x VPP: the stages a layout cuts the model into
+MAX_WORLD_SIZE = 2**20  # GPUs of one run: TP x CP x DP x PP
+
 
 @dataclass(frozen=True)
 class MLAConfig:
@@ -194,14 +202,38 @@ def _list_expression(text: str) -> list[int] | int:
         raise ConfigError(f"moe_layer_freq {text!r} is nested too deeply") from None
 
 
+def _shown(value: int) -> str:
+    """An integer as a message shows it: one too long to print (or read) by its size."""
+    return str(value) if value.bit_length() <= 64 else f"a {value.bit_length()}-bit number"
+
+
+# Optional sizes that something divides by or counts with: 0 or less is a typo, not a model.
+_MINIMUM = dict.fromkeys(
+    ("make_vocab_size_divisible_by", "ffn_hidden_size", "kv_channels", "num_query_groups",
+     "moe_ffn_hidden_size", "max_position_embeddings", "q_lora_rank"), 1
+) | {"moe_shared_expert_intermediate_size": 0}  # fmt: skip
+
+
+def _upper_bound(key: str) -> int:
+    if key in ("num_layers", "mtp_num_layers"):
+        return MAX_LAYERS
+    if key in PARALLEL_KEYS and key != "global_batch_size":
+        return MAX_PARALLEL_SIZE
+    return MAX_DIMENSION
+
+
 def _take(raw: dict[str, Any], key: str, kind: type, default: Any = None, *, source: str) -> Any:
     if key not in raw or raw[key] is None:
         return default
     value = raw[key]
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+        if not (isinstance(value, float) and value.is_integer()):
+            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+        value = int(value)
+    if kind is int and abs(value) > (bound := _upper_bound(key)):
+        raise ConfigError(f"{source}: {key} must be <= {bound:,}, got {_shown(value)}")
+    if kind is int and value < _MINIMUM.get(key, value):
+        raise ConfigError(f"{source}: {key} must be >= {_MINIMUM[key]}, got {value}")
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
     if kind is str and not isinstance(value, str):
@@ -372,12 +404,26 @@ def check_parallel(model: ModelSpec, parallel: ParallelConfig, *, source: str) -
             f"{source}: world size {p.world_size} (TP·CP·DP·PP) not divisible by "
             f"ETP·EP·PP = {p.etp * p.ep * p.pp}"
         )
+    check_pipeline_stages(p.pp, p.vpp, source=source)
+    if p.world_size > MAX_WORLD_SIZE:
+        raise ConfigError(
+            f"{source}: TP x CP x DP x PP = {p.world_size:,} GPUs, more than {MAX_WORLD_SIZE:,}"
+        )
     if p.vpp > 1 and p.pp == 1:
         raise ConfigError(f"{source}: virtual pipeline size {p.vpp} needs PP > 1")
     if p.global_batch_size and p.global_batch_size % (p.micro_batch_size * p.dp):
         raise ConfigError(
             f"{source}: global_batch_size {p.global_batch_size} not divisible by "
             f"micro_batch_size x DP = {p.micro_batch_size * p.dp}"
+        )
+
+
+def check_pipeline_stages(pp: int, vpp: int, *, source: str) -> None:
+    """PP x VPP stages no more than a layout may have (counting layouts is quadratic in them)."""
+    if pp * vpp > MAX_PIPELINE_STAGES:
+        raise ConfigError(
+            f"{source}: PP {pp} x VPP {vpp} makes {pp * vpp:,} pipeline stages, "
+            f"more than {MAX_PIPELINE_STAGES:,}"
         )
 
 
@@ -398,11 +444,13 @@ def read_mapping(path: Path, source: str) -> dict[str, Any]:
         raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
     try:
         raw = json.loads(text) if is_json else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError) as exc:  # ValueError: JSON, or an int over 4,300 digits
         first_line = str(exc).splitlines()[0]
         raise ConfigError(
             f"{source}: not valid {'JSON' if is_json else 'YAML'}: {first_line}"
         ) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
     if not isinstance(raw, dict):
         kind = "a JSON object" if is_json else "a mapping"
         raise ConfigError(f"{source}: expected {kind} at the top level")

@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from search.schedule import Event
+from search.simulator import Event
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the report
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 COLORS = {"F": "#4C78A8", "B": "#F58518", "p2p": "#BAB0AC", "tail": "#54A24B"}
 HBM_COLOR = "#D62728"
@@ -29,7 +33,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig: Any, paths: Sequence[str | Path], dpi: int = 130) -> None:
+def _save(fig: Figure, paths: Sequence[str | Path], dpi: int = 130) -> None:
     """Save ``fig`` once per path (format by suffix), reproducibly: no date, fixed SVG ids."""
     import matplotlib
 
@@ -43,7 +47,7 @@ def _save(fig: Any, paths: Sequence[str | Path], dpi: int = 130) -> None:
 
 
 @contextmanager
-def _figure(paths: Sequence[str | Path], **subplots: Any) -> Iterator[tuple[Any, Any]]:
+def _figure(paths: Sequence[str | Path], **subplots: Any) -> Iterator[tuple[Figure, Any]]:
     """A new figure and its axes; laid out and saved to ``paths`` when the block ends, and
     closed whatever happens."""
     plt = _pyplot()
@@ -57,7 +61,7 @@ def _figure(paths: Sequence[str | Path], **subplots: Any) -> Iterator[tuple[Any,
 
 
 def _timeline_on(
-    ax: Any,
+    ax: Axes,
     events: Sequence[Event],
     tail_ms: Sequence[float],
     title: str,

@@ -2,7 +2,7 @@
 
 One path for both backends: the same ``pretrain_gpt.py`` argument list
 (``launchers.megatron.megatron_arguments``) runs either Megatron-LM's script from a checkout or
-``launchers.emulated_megatron`` with a hardware profile; ``ray_layout.runtime.cluster`` places and
+``launchers.emulated_megatron`` with a hardware profile; ``ray_layout.runtime.runs`` places and
 watches the ranks; the last rank's log (the one Megatron prints the timers on) is ingested.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from launchers.emulated.environment import NODE_ENV, PROFILE_ENV
 from launchers.megatron import (
     ProfileSettings,
     megatron_arguments,
@@ -26,15 +27,15 @@ from ray_layout.measure.ingest import Ingested, LoggedRun, ingest
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe
-from ray_layout.runtime.cluster import (
-    CANCELLED,
-    FINISHED,
-    STOPPED,
+from ray_layout.runtime.failures import CANCELLED, FINISHED, STOPPED
+from ray_layout.runtime.runs import run_many
+from ray_layout.runtime.spec import (
     RunResult,
     RunSpec,
     Watch,
     attempt_id,
-    run_many,
+    attempt_number,
+    log_paths,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -78,14 +79,14 @@ def rank_command(
     if backend.name == MEGATRON:
         return megatron_command(backend.python, backend.megatron_path, arguments), {}
     profile = backend.hardware_profile.resolve()
-    env = {"RAY_LAYOUT_HARDWARE_PROFILE": str(profile), "PYTHONPATH": str(PROJECT_ROOT)}
+    env = {PROFILE_ENV: str(profile), "PYTHONPATH": str(PROJECT_ROOT)}
     return [backend.python, "-m", "launchers.emulated_megatron", *arguments], env
 
 
 @dataclass(frozen=True)
 class LayoutRun:
     """One layout to run: ``kind`` names the run ("profile", "ab") in its id and in the store's
-    ``source`` column (``source`` overrides); ``watch`` follows it live (see cluster.Watch)."""
+    ``source`` column (``source`` overrides); ``watch`` follows it live (a ``Watch``)."""
 
     layout: Layout
     kind: str = "profile"
@@ -173,9 +174,9 @@ def run_layouts(
     def rank_env(rank: int, world: int, addr: str, port: int, gpus: list[int]) -> dict[str, str]:
         """Megatron's rank environment (CUDA_DEVICE_MAX_CONNECTIONS with TP or CP > 1, ...);
         the cluster then sets the device variables itself. Ranks fill nodes in order,
-        ``gpus_per_node`` at a time (``ray_layout.runtime.cluster.rank_order``)."""
+        ``gpus_per_node`` at a time (``ray_layout.runtime.placement.rank_order``)."""
         return rank_environment(rank, world, addr, port, gpus, recipe.parallel, base={}) | {
-            "RAY_LAYOUT_NODE_RANK": str(rank // options.gpus_per_node)
+            NODE_ENV: str(rank // options.gpus_per_node)
         }
 
     for index, resumed in sorted(profiled.items()):
@@ -202,15 +203,13 @@ def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:
     if last.status == CANCELLED:
         return None
     attempt = last.run_id
-    folder = spec.log_dir / attempt
-    world = spec.parallel.world_size
     return RunResult(
         run_id=attempt,
         status=last.status,
         failure_class=None if last.failure_class is None else str(last.failure_class),
-        returncodes=[None] * world,
-        log_paths=[folder / f"rank-{rank}.log" for rank in range(world)],
-        attempts=1 + (0 if attempt == spec.run_id else int(attempt.rpartition("retry")[2])),
+        returncodes=[None] * spec.parallel.world_size,
+        log_paths=log_paths(spec, attempt),
+        attempts=attempt_number(spec.run_id, attempt),
         error=None if last.error is None else str(last.error),
     )
 

@@ -1,0 +1,57 @@
+"""What one emulated rank costs: its chunks' compute, its step tail and its peak memory.
+
+Compute comes from the hardware profile's unit costs, never from FLOP ratios.  Peak memory is
+the planner's memory model (``search.memory``) under the profile's calibration, with the
+micro-batches in flight counted on this emulator's own order of work: the model is shared
+because it is what a profile's memory numbers mean (``memory_calibration``, overhead); the
+simulator's order and timing are not used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launchers.emulated.config import RunConfig
+from launchers.emulated.schedule import held_at_peak, rank_program
+from ray_layout.model.costs import UnitCosts, stage_compute_ms
+from ray_layout.model.layout import MTP
+from ray_layout.model.sizing import WEIGHT_BYTES, stage_sizes
+from search.memory import StageMemory, stage_memory
+
+RESERVED_SLACK = 1.05  # the caching allocator reserves a little more than it hands out
+
+
+@dataclass(frozen=True)
+class RankCosts:
+    """One PP rank's emulated milliseconds (before jitter and time scale) and memory."""
+
+    forward_ms: tuple[float, ...]  # one micro-batch through each of the rank's chunks
+    backward_ms: tuple[float, ...]
+    grad_sync_ms: float
+    optimizer_ms: float
+    memory: StageMemory
+    held_microbatches: int  # micro-batches whose activations the rank holds at its peak
+
+
+def rank_costs(config: RunConfig, costs: UnitCosts, pp_rank: int) -> RankCosts:
+    """Compute, step tail and peak memory of PP rank ``pp_rank`` under ``costs``."""
+    layout, pp = config.layout, config.parallel.pp
+    forward, backward = stage_compute_ms(costs, config.model, layout.stages)
+    holds_mtp = MTP in "".join(layout.rank_chunks(pp_rank))
+    factor = costs.mtp_standalone_factor if layout.mtp_standalone and holds_mtp else 1.0
+    stage = stage_sizes(config.model, config.parallel, layout.stages)[pp_rank]
+    gparams = stage.memory.weights / WEIGHT_BYTES / 1e9
+    held = [
+        held_at_peak(rank_program(pp, rank, layout.vpp, config.num_microbatches,
+                                  config.group_size), layout.vpp)
+        for rank in range(pp)
+    ]  # fmt: skip
+    memory = stage_memory(config.model, config.parallel, layout, costs, held)[pp_rank]
+    return RankCosts(
+        forward_ms=tuple(ms * factor for ms in forward[pp_rank::pp]),
+        backward_ms=tuple(ms * factor for ms in backward[pp_rank::pp]),
+        grad_sync_ms=costs.grad_sync_ms_per_gparam * gparams,
+        optimizer_ms=costs.optimizer_ms_per_gparam * gparams,
+        memory=memory,
+        held_microbatches=sum(held[pp_rank].values()),
+    )

@@ -1,0 +1,159 @@
+"""What a flag's value must satisfy, as small reusable checks.
+
+A check takes a value (never ``None``: an unset flag is not checked) and returns the problem in
+words ("must be >= 1, got 0") or ``None``; :mod:`ray_layout.commands.flags` puts the flag's name
+in front and raises ``ConfigError``, so every message names the flag it is about.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import socket
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+Check = Callable[[Any], str | None]
+
+# Bounds no real run reaches: they stop overflowing or run-away work before it starts (the
+# model's own bounds, the parallel sizes' among them, live in ray_layout.model.spec).
+MAX_MICROBATCHES = 16_384
+MAX_SCHEDULE_SLOTS = 16_384  # PP x VPP x micro-batches: forward passes one step simulates
+MAX_SAMPLES = 100_000  # Monte Carlo samples of a step
+MAX_SAMPLED_PASSES = 2**20  # samples x PP x VPP x micro-batches: about 1 GiB of Monte Carlo
+MAX_LISTED = 10_000  # layouts one `layouts` call prints
+MAX_ITERATIONS = 1_000_000
+MAX_TASKS = 1_024  # Ray tasks, or nodes of an embedded cluster, a command starts
+MAX_PROFILE_RUNS = 64
+
+
+def at_least(low: int, why: str = "") -> Check:
+    """``value >= low``; ``why`` says the reason where the bound is not obvious."""
+    bound = f">= {low}: {why}" if why else f">= {low}"
+    return lambda value: None if value >= low else f"must be {bound}, got {value}"
+
+
+def between(low: int, high: int) -> Check:
+    def check(value: int) -> str | None:
+        if value < low:
+            return f"must be >= {low}, got {value}"
+        return None if value <= high else f"must be <= {high:,}, got {value}"
+
+    return check
+
+
+def positive(value: float) -> str | None:
+    return None if value > 0 else f"must be positive, got {value}"  # NaN fails too
+
+
+def finite(value: float) -> str | None:
+    return None if math.isfinite(value) else f"must be a finite number, got {value}"
+
+
+def plain_name(value: str) -> str | None:
+    """A name that becomes a folder in the store: no path separators, no dot-dot."""
+    if _PLAIN_NAME.fullmatch(value):
+        return None
+    return f"must be a plain name (letters, digits, '.', '_', '-'; at most 128), got {value!r}"
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+CONNECT_TIMEOUT_S = 3.0
+
+
+def reachable(value: str) -> str | None:
+    """A Ray address (``host:port`` or ``ray://host:port``) something answers at, found in
+    seconds: ``ray.init`` itself waits a minute and more on an address nobody listens at."""
+    if value in ("auto", "local"):
+        return None  # Ray finds (or starts) the cluster itself
+    host, _, port = value.removeprefix("ray://").rpartition(":")
+    number = int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else 0
+    if not (host and 0 < number < 65_536):
+        return f"must be HOST:PORT (or ray://HOST:PORT, auto), got {value!r}"
+    try:
+        socket.create_connection((host.strip("[]"), number), CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return f"{value}: no Ray cluster answers there ({reason}); start it or fix the address"
+    return None
+
+
+def _os_errors_in_words(check: Check) -> Check:
+    """A path check whose path the system refuses to look at (a name too long, say) says so."""
+
+    @functools.wraps(check)
+    def checked(value: str | Path) -> str | None:
+        try:
+            return check(value)
+        except OSError as exc:
+            return f"{value}: unusable path ({exc.strerror or exc})"
+
+    return checked
+
+
+@_os_errors_in_words
+def existing_file(value: str | Path) -> str | None:
+    return None if Path(value).is_file() else f"{value}: no such file"
+
+
+def costs_file(value: str) -> str | None:
+    """``--costs``: a COSTS.json, or the word ``flops``."""
+    return None if value == "flops" else existing_file(value)
+
+
+@_os_errors_in_words
+def folder_or_new(value: str | Path) -> str | None:
+    """A folder the command fills, made on first use: it, or the nearest folder above it that
+    exists, is a folder this user may write in."""
+    if not str(value).strip():
+        return f"must name a folder, got {str(value)!r}"
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        return f"{value}: is a file, not a folder"
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not existing.is_dir():
+        return f"{value}: cannot be made, {existing} is a file"
+    return None if _writable(existing) else f"{value}: {existing} is not writable"
+
+
+def _writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def new_file(suffixes: Iterable[str] = ()) -> Check:
+    """A file the command writes: its folder exists, it is no folder itself, its suffix fits."""
+    allowed = tuple(suffixes)
+
+    def check(value: str | Path) -> str | None:
+        path = Path(value)
+        if path.is_dir():
+            return f"{value}: is a folder, not a file"
+        if not path.parent.is_dir():
+            return f"{value}: no such folder {str(path.parent)!r}"
+        if not _writable(path.parent):
+            return f"{value}: folder {str(path.parent)!r} is not writable"
+        if allowed and path.suffix.lower() not in allowed:
+            return f"{value}: must end in {', '.join(allowed)}"
+        return None
+
+    return _os_errors_in_words(check)
+
+
+def each(check: Check) -> Check:
+    """Apply ``check`` to every item of a tuple value."""
+    return lambda values: next(filter(None, map(check, values)), None)
+
+
+def comma_integers(example: str) -> Callable[[str], tuple[int, ...]]:
+    """Parse ``"1,2,4"``; the ``ValueError`` says what was expected, for the flag's message."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(part) for part in text.split(","))
+        except ValueError:
+            raise ValueError(f"must be integers such as {example}, got {text!r}") from None
+
+    return parse

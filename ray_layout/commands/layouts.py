@@ -1,0 +1,77 @@
+"""``python -m ray_layout layouts``: count or list every layout Megatron accepts."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from ray_layout.commands.checks import MAX_LISTED, between
+from ray_layout.commands.common import CONFIG_HELP, Command, emit, json_flag
+from ray_layout.commands.flags import Settings, argument, option
+from ray_layout.model.layout import check_interleaving
+from ray_layout.model.loading import load_recipe
+from ray_layout.model.spec import MAX_PARALLEL_SIZE, check_pipeline_stages
+from search.space import LayoutSpace
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutsSettings(Settings):
+    config: str = argument(help=CONFIG_HELP)
+    pp: int = option(checks=[between(1, MAX_PARALLEL_SIZE)])
+    vpp: int = option(1, checks=[between(1, MAX_PARALLEL_SIZE)])
+    count: bool = option(False, help="only count (no enumeration)")
+    allow_empty_stages: bool = option(False)
+    allow_standalone_mtp: bool = option(False)
+    limit: int = option(50, help="list at most N (default 50)", checks=[between(0, MAX_LISTED)])
+    as_json: bool = json_flag()
+
+
+def run_layouts(settings: LayoutsSettings, console: Console) -> None:
+    model = load_recipe(settings.config).model
+    check_interleaving(settings.pp, settings.vpp)
+    check_pipeline_stages(settings.pp, settings.vpp, source="--pp, --vpp")
+    space = LayoutSpace(
+        model.num_layers,
+        model.mtp_num_layers,
+        settings.pp,
+        settings.vpp,
+        allow_empty_stages=settings.allow_empty_stages,
+        allow_standalone_mtp=settings.allow_standalone_mtp,
+    )
+    counted = space.count()
+    listed = [] if settings.count else [str(x) for x in itertools.islice(space, settings.limit)]
+    report = {
+        "valid": counted.valid,
+        "mtp_standalone": counted.standalone,
+        "in_space": counted.total,
+        "layouts": listed,
+    }
+
+    def show(report: dict[str, Any], console: Console) -> None:
+        stages = (
+            " (empty stages allowed)" if settings.allow_empty_stages else ", every stage non-empty"
+        )
+        standalone_note = (
+            "kept"
+            if settings.allow_standalone_mtp
+            else f"left out, {counted.total:,} remain; --allow-standalone-mtp keeps them"
+        )
+        console.print(
+            f"{counted.valid:,} valid layouts for {model.num_layers} decoder + "
+            f"{model.mtp_num_layers} MTP layers on PP={settings.pp} VPP={settings.vpp}"
+            f"{stages}; "
+            f"{counted.standalone:,} of them MTP-standalone ({standalone_note})",
+            highlight=False,
+        )
+        for text in listed:
+            console.print(text, highlight=False, markup=False)
+        if listed and counted.total > len(listed):
+            console.print(f"... {counted.total - len(listed):,} more (--limit N)")
+
+    emit(report, settings.as_json, show, console)
+
+
+LAYOUTS = Command("layouts", "count or list every valid layout", LayoutsSettings, run_layouts)

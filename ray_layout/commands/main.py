@@ -1,0 +1,37 @@
+"""``python -m ray_layout``: every command but the tune, each from its own module."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from ray_layout.commands.common import Command, OneLineErrorParser, execute
+from ray_layout.commands.flags import add_flags
+from ray_layout.commands.layouts import LAYOUTS
+from ray_layout.commands.measure import FIT, INGEST, PROFILE_LAYOUTS
+from ray_layout.commands.plan import PLAN
+from ray_layout.commands.profile import PROFILE
+from ray_layout.commands.simulate import SIMULATE
+from ray_layout.commands.size import SIZE
+from ray_layout.commands.validate import VALIDATE
+
+COMMANDS: tuple[Command, ...] = (
+    SIZE, LAYOUTS, VALIDATE, PLAN, PROFILE_LAYOUTS, INGEST, FIT, PROFILE, SIMULATE,
+)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrorParser(
+        prog="python -m ray_layout",
+        description="Plan Megatron-LM pipeline layouts for MoE + MTP models.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:  # in this order in --help
+        add_flags(subparsers.add_parser(command.name, help=command.help), command.settings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    by_name = {command.name: command for command in COMMANDS}
+    return execute(by_name[args.command], args)

@@ -1,0 +1,236 @@
+"""Measuring, without a cluster: ``profile-layouts`` (the runs to make), ``ingest`` (store the
+logs of runs made elsewhere) and ``fit`` (unit costs from the runs)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, replace
+from functools import partial
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ray_layout.commands.checks import (
+    MAX_ITERATIONS,
+    MAX_PROFILE_RUNS,
+    between,
+    costs_file,
+    folder_or_new,
+    new_file,
+    plain_name,
+)
+from ray_layout.commands.common import FLOPS_TFLOPS, Command, ModelSettings, emit, json_flag
+from ray_layout.commands.flags import option
+from ray_layout.commands.searching import hbm_flag, microbatch_count, microbatches_flag, unit_costs
+from ray_layout.errors import ConfigError
+from ray_layout.measure.design import PAIR, profile_design
+from ray_layout.measure.fit import fit_costs
+from ray_layout.measure.ingest import (
+    LoggedRun,
+    ingest,
+    observation_of_logged_run,
+    observations_from_store,
+    parse_run_argument,
+    record_fit,
+)
+from ray_layout.measure.observations import RunObservation
+from ray_layout.measure.store import CostStore
+from ray_layout.model.costs import costs_from_flops, save_costs
+from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
+
+RUN_METAVAR = "LAYOUT=PATH"
+STORE_CHECKS = [folder_or_new]
+LOG_MICROBATCHES = "default: from the log"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileLayoutsSettings(ModelSettings):
+    costs: str | None = option(
+        None, help="a guess to rank runs by speed (default: FLOPs)", checks=[costs_file]
+    )
+    micro_batches: int | None = microbatches_flag(None)
+    hbm_gb: float | None = hbm_flag()
+    standalone_mtp: bool = option(
+        False, help="also measure m and L apart (needs an MTP-standalone run)"
+    )
+    runs: int = option(2, help="at least this many runs", checks=[between(1, MAX_PROFILE_RUNS)])
+    train_iters: int = option(20, checks=[between(1, MAX_ITERATIONS)])
+    as_json: bool = json_flag()
+
+
+def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> None:
+    recipe = settings.recipe()
+    guess = (
+        unit_costs(settings.costs, recipe)
+        if settings.costs
+        else costs_from_flops(recipe.model, recipe.parallel, FLOPS_TFLOPS)
+    )
+    one_chunk = replace(recipe, parallel=replace(recipe.parallel, vpp=1))
+    design = profile_design(
+        recipe.model, recipe.parallel, microbatch_count(one_chunk, settings.micro_batches), guess,
+        hbm_gib=settings.hbm_gb, standalone_mtp=settings.standalone_mtp, runs=settings.runs,
+    )  # fmt: skip
+    runs = [
+        {
+            "layout": str(layout),
+            "predicted_ms": ms,
+            "peak_memory_gib": gib,
+            "megatron_flags": design.megatron_flags(layout, settings.train_iters),
+        }
+        for layout, ms, gib in zip(
+            design.layouts, design.predicted_ms, design.peak_memory_gib, strict=True
+        )
+    ]
+    report = {"units": list(design.columns), "rank": design.rank,
+              "condition_number": design.condition, "runs": runs}  # fmt: skip
+    emit(report, settings.as_json, _print_profile_layouts, console)
+
+
+def _print_profile_layouts(report: dict[str, Any], console: Console) -> None:
+    units, runs = report["units"], report["runs"]
+    console.print(
+        f"{len(runs)} profiling runs identify {', '.join(units)}: design rank "
+        f"{report['rank']} of {len(units)}, condition number {report['condition_number']:.2f}",
+        highlight=False,
+    )
+    for index, run in enumerate(runs, 1):
+        console.print(
+            f"run {index}: {run['layout']}  (predicted step {run['predicted_ms']:,.0f} ms with "
+            f"the guessed costs, peak {run['peak_memory_gib']:.1f} GiB)",
+            highlight=False, markup=False,
+        )  # fmt: skip
+        console.print("    " + shlex.join(run["megatron_flags"]), highlight=False, markup=False)
+    if PAIR in units:
+        console.print("m and L stay together in these runs; --standalone-mtp measures them apart")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestSettings(ModelSettings):
+    run: tuple[str, ...] = option(
+        metavar=RUN_METAVAR, help="a run's layout and its log (repeat for several runs)"
+    )
+    store: str = option(help="the cost store folder", checks=STORE_CHECKS)
+    study: str = option("default", help="study id (default: default)", checks=[plain_name])
+    micro_batches: int | None = microbatches_flag(LOG_MICROBATCHES)
+    as_json: bool = json_flag()
+
+
+def _logged_runs(
+    texts: tuple[str, ...], micro_batches: int | None, settings: ModelSettings, recipe: Recipe
+) -> list[LoggedRun]:
+    """The ``--run LAYOUT=PATH`` runs; a log may not contradict a size given as a flag."""
+    given = frozenset(settings.parallel.sizes_given())
+    return [
+        LoggedRun(layout, path, replace(recipe.parallel, vpp=layout.vpp), micro_batches, given)
+        for layout, path in (parse_run_argument(text, recipe.parallel.pp) for text in texts)
+    ]
+
+
+def run_ingest(settings: IngestSettings, console: Console) -> None:
+    recipe = settings.recipe()
+    runs = _logged_runs(settings.run, settings.micro_batches, settings, recipe)
+    results = ingest(CostStore(settings.store), recipe.model, runs, settings.study)
+
+    def show(report: list[dict[str, Any]], console: Console) -> None:
+        for result, text in zip(report, settings.run, strict=True):
+            state = "stored" if result["stored"] else "already in the store, not counted twice"
+            skipped = result["skipped_lines"]
+            note = f", {skipped} malformed lines skipped" if skipped else ""
+            console.print(f"{text}: {result['run_id']} {state} ({result['timer_rows']} timer "
+                          f"rows{note})", highlight=False, markup=False)  # fmt: skip
+            for line in [*result["skipped_examples"], *result["notes"]]:
+                console.print(f"    {line}", highlight=False, markup=False)
+
+    emit([asdict(r) for r in results], settings.as_json, show, console)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitSettings(ModelSettings):
+    store: str | None = option(
+        None, help="fit the runs of a study in this cost store", checks=STORE_CHECKS
+    )
+    study: str = option("default", checks=[plain_name])
+    run: tuple[str, ...] = option((), metavar=RUN_METAVAR, help="or fit raw log files directly")
+    micro_batches: int | None = microbatches_flag(LOG_MICROBATCHES)
+    gpus_per_node: int = option(
+        8,
+        help="GPUs per node in the runs (which links cross)",
+        checks=[between(1, MAX_PARALLEL_SIZE)],
+    )
+    output: str = option(names=["-o", "--output"], help="COSTS.json to write",
+                         checks=[new_file()])  # fmt: skip
+    as_json: bool = json_flag()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if bool(self.run) == bool(self.store):
+            raise ConfigError("give the runs either as --run LAYOUT=PATH or from --store DIR")
+
+
+def _observations_from_logs(
+    settings: FitSettings, recipe: Recipe
+) -> tuple[list[RunObservation], list[str]]:
+    """The logs straight to the fit, checked as ``ingest`` checks them; and their notes."""
+    observations, notes = [], []
+    for run in _logged_runs(settings.run, settings.micro_batches, settings, recipe):
+        observation, run_notes = observation_of_logged_run(run)
+        observations.append(observation)
+        notes += run_notes
+    return observations, notes
+
+
+def run_fit(settings: FitSettings, console: Console) -> None:
+    recipe = settings.recipe()
+    notes: list[str] = []
+    if settings.store:
+        store = CostStore(settings.store)
+        observations = observations_from_store(store, settings.study, recipe.model,
+                                               recipe.parallel)  # fmt: skip
+    else:
+        observations, notes = _observations_from_logs(settings, recipe)
+    result = fit_costs(recipe.model, recipe.parallel, observations,
+                       gpus_per_node=settings.gpus_per_node)  # fmt: skip
+    save_costs(result.costs, settings.output)
+    if settings.store:
+        record_fit(store, settings.study, result, [o.name for o in observations])
+    report = {
+        "output": settings.output,
+        "units": list(result.columns),
+        "forward_ms": dict(result.costs.forward_ms),
+        "backward_ms": dict(result.costs.backward_ms),
+        "jitter_cv": dict(result.costs.jitter_cv),
+        "residuals": result.residuals,
+        "warnings": list(result.warnings),
+        "notes": notes,
+    }
+    emit(report, settings.as_json, partial(_print_fit, runs=len(observations)), console)
+
+
+def _print_fit(report: dict[str, Any], console: Console, runs: int) -> None:
+    table = Table(title=f"unit costs per micro-batch, fitted from {runs} runs")
+    for column in ("unit", "forward ms", "backward ms", "jitter CV"):
+        table.add_column(column, justify="right")
+    forward, backward, jitter = report["forward_ms"], report["backward_ms"], report["jitter_cv"]
+    for unit in forward:
+        table.add_row(unit, f"{forward[unit]:.3f}", f"{backward[unit]:.3f}",
+                      f"{jitter.get(unit, 0.0):.3f}")  # fmt: skip
+    console.print(table)
+    for name, errors in report["residuals"].items():
+        console.print(f"{name}: residual per PP rank " + " ".join(f"{e:+.1%}" for e in errors),
+                      highlight=False, markup=False)  # fmt: skip
+    for warning in report["warnings"]:
+        console.print(f"warning: {warning}", highlight=False, markup=False)
+    for note in report["notes"]:
+        console.print(f"note: {note}", highlight=False, markup=False)
+    console.print(f"wrote {report['output']}", highlight=False)
+
+
+PROFILE_LAYOUTS = Command(
+    "profile-layouts",
+    "the fewest profiling runs that identify every unit's cost",
+    ProfileLayoutsSettings,
+    run_profile_layouts,
+)
+INGEST = Command("ingest", "store Megatron logs of runs made elsewhere", IngestSettings, run_ingest)
+FIT = Command("fit", "fit per-unit costs from profiling runs", FitSettings, run_fit)

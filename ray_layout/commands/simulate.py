@@ -1,0 +1,82 @@
+"""``python -m ray_layout simulate``: one layout's step in detail, with a Gantt chart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ray_layout.commands.checks import new_file
+from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
+from ray_layout.commands.flags import argument, option
+from ray_layout.commands.searching import SearchFlags, candidate_row, search_spec, unit_costs
+from ray_layout.commands.validate import LAYOUT_HELP
+from ray_layout.model.layout import Layout, validate
+from ray_layout.report.plots import draw_timeline
+from search.planner import simulate_given
+
+TIMELINE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateSettings(ModelSettings):
+    layout: str = argument(help=LAYOUT_HELP)
+    search: SearchFlags = field(default_factory=SearchFlags)
+    as_json: bool = json_flag()
+    timeline: str | None = option(
+        None,
+        help="write a Gantt chart (PNG, SVG or PDF)",
+        checks=[new_file(TIMELINE_SUFFIXES)],
+    )
+
+
+def run_simulate(settings: SimulateSettings, console: Console) -> None:
+    recipe = settings.recipe()
+    layout = Layout.parse(settings.layout, recipe.parallel.pp)
+    validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
+    recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
+    costs = unit_costs(settings.search.costs, recipe)
+    spec, options = search_spec(recipe, settings.search)
+    result = simulate_given(layout, recipe.model, recipe.parallel, costs, spec, options)
+    if settings.timeline:
+        draw_timeline(result.events, result.tail_ms, settings.timeline,
+                      f"{layout}  ({spec.num_microbatches} micro-batches)")  # fmt: skip
+    report = candidate_row(result.candidate) | {
+        "busy_ms": list(result.busy_ms),
+        "idle_ms": list(result.idle_ms),
+        "tail_ms": list(result.tail_ms),
+        "bubble_fraction": result.bubble_fraction,
+        "timeline": settings.timeline,
+    }
+
+    def show(report: dict[str, Any], console: Console) -> None:
+        console.print(
+            f"{layout}: mean {report['mean_ms']:,.1f} ms, p90 {report['p90_ms']:,.1f} ms, "
+            f"noise-free {report['noise_free_ms']:,.1f} ms; "
+            f"bubble {report['bubble_fraction']:.1%}",
+            highlight=False,
+        )
+        table = Table()
+        for column in ("PP rank", "units", "busy ms", "idle ms", "tail ms", "GiB"):
+            table.add_column(column, justify="right")
+        for rank in range(layout.pp):
+            table.add_row(
+                str(rank),
+                "|".join(layout.rank_chunks(rank)),
+                f"{report['busy_ms'][rank]:,.1f}",
+                f"{report['idle_ms'][rank]:,.1f}",
+                f"{report['tail_ms'][rank]:,.1f}",
+                f"{report['memory_gib'][rank]:.1f}",
+            )
+        console.print(table)
+        if settings.timeline:
+            console.print(f"timeline written to {settings.timeline}", highlight=False)
+
+    emit(report, settings.as_json, show, console)
+
+
+SIMULATE = Command(
+    "simulate", "simulate one layout's step in detail", SimulateSettings, run_simulate
+)

@@ -1,0 +1,278 @@
+"""The tune's phases, each a function from what the phase before it found to what it finds:
+profile (runs on the cluster), fit, search, the live A/B and the refit.  Ray and the store stay in
+the phases that run or read something; choosing the arms is pure."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from launchers.megatron import ProfileSettings
+from ray_layout.ab.live import (
+    ABOutcome,
+    Arm,
+    ArmResult,
+    LiveTest,
+    arm_runs,
+    memory_per_stage,
+    stored_steps,
+    test_id,
+    write_decisions,
+)
+from ray_layout.ab.vocabulary import ArmRole
+from ray_layout.driver.progress import Phases
+from ray_layout.driver.settings import TuneSettings
+from ray_layout.errors import MeasurementError, RunFailure
+from ray_layout.measure.design import profile_design
+from ray_layout.measure.fit import FitResult, fit_costs
+from ray_layout.measure.ingest import observations_from_store, record_fit
+from ray_layout.measure.store import CostStore
+from ray_layout.model.costs import UnitCosts, costs_from_flops
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import Recipe
+from ray_layout.runtime.failures import FINISHED, STOPPED
+from ray_layout.runtime.profiling import LayoutRun, ProfiledRun, RunOptions, run_layouts
+from search.planner import Plan, PlanOptions, SearchSpec, plan
+from search.ranking import Candidate
+from search.space import LayoutSpace
+
+SHARD_ABOVE, MAX_SHARDS = 200_000, 8  # layouts a process searches alone; Ray tasks at most
+P90_SDS = 1.2816  # a normal's 90th percentile in standard deviations above its mean
+BASELINE_ARMS = {ArmRole.DEFAULT: "default", ArmRole.COUNT_BASED: "count-based"}  # arm names
+
+
+@dataclass(frozen=True)
+class Searched:
+    """The search's ranking and the settings it scored under (the report scores with them too)."""
+
+    found: Plan
+    spec: SearchSpec
+    options: PlanOptions
+    seconds: float
+
+
+def profile(
+    recipe: Recipe,
+    settings: TuneSettings,
+    store: CostStore,
+    phases: Phases,
+    cancel: threading.Event,
+) -> list[ProfiledRun]:
+    """The fewest runs that identify every unit's cost (``profile_design``), on the cluster."""
+    parallel = recipe.parallel
+    guess = costs_from_flops(recipe.model, replace(parallel, vpp=1))
+    design = profile_design(recipe.model, parallel, parallel.num_microbatches_or_none, guess,
+                            hbm_gib=settings.hbm_gib, standalone_mtp=False)  # fmt: skip
+    options = RunOptions(
+        gpus_per_node=settings.gpus_per_node,
+        settings=ProfileSettings(train_iters=settings.profile_iters),
+        timeout_s=settings.timeout_s,
+        heartbeat_s=settings.heartbeat_s,
+        max_parallel=settings.runs_at_once,
+    )
+    with phases.bars() as bars:
+        tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
+        runs = [LayoutRun(layout, watch=bars.watch(task))
+                for layout, task in zip(design.layouts, tasks, strict=True)]  # fmt: skip
+
+        def resumed(index: int, run: ProfiledRun) -> None:
+            bars.update(tasks[index], settings.profile_iters, "(from the store)")
+
+        done = run_layouts(recipe, runs, settings.backend, store, settings.study,
+                           settings.log_dir, options, cancel, resumed)  # fmt: skip
+    for run in done:
+        from_store = " (from the store)" if run.resumed else ""
+        phases.say(f"{run.layout}: {run.result.status}{from_store}")
+    failed = [run for run in done if run.ingested is None]
+    if failed:
+        first = failed[0].result
+        raise RunFailure(
+            f"profiling run {failed[0].layout} {first.status} "
+            f"({first.failure_class}: {first.error}); logs under {settings.log_dir}"
+        )
+    return done
+
+
+def fit(
+    recipe: Recipe, store: CostStore, study: str, run_ids: Sequence[str], gpus_per_node: int
+) -> FitResult:
+    """Fit unit costs from these stored runs (and record the fit in the store)."""
+    wanted = set(run_ids)
+    observations = [o for o in observations_from_store(store, study, recipe.model, recipe.parallel)
+                    if o.name in wanted]  # fmt: skip
+    result = fit_costs(recipe.model, recipe.parallel, observations, gpus_per_node=gpus_per_node)
+    record_fit(store, study, result, [o.name for o in observations])
+    return result
+
+
+def first_fit(
+    recipe: Recipe, store: CostStore, settings: TuneSettings, profiled: Sequence[ProfiledRun]
+) -> FitResult:
+    """The fit of the profiling runs alone.  Runs the tune made itself that cannot identify the
+    units' costs leave it nothing to search with: a run failure, not bad input."""
+    run_ids = [r.ingested.run_id for r in profiled if r.ingested]
+    try:
+        return fit(recipe, store, settings.study, run_ids, settings.gpus_per_node)
+    except MeasurementError as exc:
+        raise RunFailure(f"the profiling runs cannot be fitted: {exc}; logs under "
+                         f"{settings.log_dir}") from exc  # fmt: skip
+
+
+def search(recipe: Recipe, costs: UnitCosts, settings: TuneSettings, cpus: int = 1) -> Searched:
+    """Every layout, simulated; spaces over ``SHARD_ABOVE`` layouts are split over up to
+    ``cpus`` Ray tasks (the same top as one process, tested in tests/test_planner.py)."""
+    model, parallel = recipe.model, recipe.parallel
+    space = LayoutSpace(model.num_layers, model.mtp_num_layers, parallel.pp, parallel.vpp,
+                        allow_standalone_mtp=settings.allow_standalone_mtp)  # fmt: skip
+    shards = min(MAX_SHARDS, cpus) if space.count().total > SHARD_ABOVE else 1
+    spec = SearchSpec(
+        num_microbatches=parallel.num_microbatches_or_none,
+        allow_standalone_mtp=settings.allow_standalone_mtp,
+        shards=max(shards, 1),
+    )
+    options = PlanOptions(top=max(10, settings.ab_top), samples=settings.samples,
+                          seed=settings.seed, hbm_gib=settings.hbm_gib)  # fmt: skip
+    started = time.monotonic()
+    found = plan(model, parallel, costs, spec, options)
+    return Searched(found, spec, options, time.monotonic() - started)
+
+
+def _arm(name: str, c: Candidate, role: ArmRole) -> Arm:
+    """An arm with what the search predicted of it: its step, memory, critical stages (the
+    tie-break's) and the spread of its step from the fitted jitter (its p90 over its mean)."""
+    spread = (c.p90_ms - c.mean_ms) / (P90_SDS * c.mean_ms) if c.mean_ms > 0 else 0.0
+    return Arm(name, Layout.parse(c.layout, c.pp), (role,), c.mean_ms, c.memory_gib,
+               c.near_bottleneck, max(spread, 0.0))  # fmt: skip
+
+
+def choose_arms(found: Plan, top: int) -> list[Arm]:
+    """The top ``top`` layouts that fit, then the two baselines, each layout once: a baseline the
+    search also ranked on top keeps its candidate name and adds its role, so the report still
+    finds it."""
+    fitting = [c for c in found.candidates if c.fits][:top]
+    arms = [_arm(f"candidate-{index}", c, ArmRole.CANDIDATE) for index, c in enumerate(fitting, 1)]
+    for baseline in found.baselines:
+        c, role = baseline.candidate, ArmRole(baseline.name)
+        if c is None:
+            continue
+        layout = Layout.parse(c.layout, c.pp)
+        same = next((i for i, arm in enumerate(arms) if arm.layout == layout), None)
+        if same is None:
+            arms.append(_arm(BASELINE_ARMS[role], c, role))
+        else:
+            arms[same] = replace(arms[same], roles=(*arms[same].roles, role))
+    return arms
+
+
+def ab_test(
+    recipe: Recipe,
+    arms: Sequence[Arm],
+    settings: TuneSettings,
+    store: CostStore,
+    phases: Phases,
+    cancel: threading.Event,
+    cluster_gpus: int,
+) -> ABOutcome:
+    """Run the arms live with early stopping, as many side by side as ``cluster_gpus`` holds."""
+    config = settings.ab
+    key = test_id(arms, config, repr((recipe.model, recipe.parallel, settings.backend.hardware)))
+    world = recipe.parallel.world_size
+    at_once = max(1, min(cluster_gpus // world, settings.runs_at_once or cluster_gpus))
+    phases.say(
+        f"{len(arms)} arms of {world} GPUs, {min(at_once, len(arms))} at a time, "
+        f"{config.max_iterations} iterations at most each (test {key})"
+    )
+    options = RunOptions(
+        gpus_per_node=settings.gpus_per_node,
+        settings=ProfileSettings(train_iters=config.max_iterations),
+        timeout_s=settings.timeout_s,
+        heartbeat_s=settings.heartbeat_s,
+        max_retries=0,
+        placement_timeout_s=settings.timeout_s * (1 + len(arms)),
+        max_parallel=at_once,
+    )
+    with phases.bars() as bars:
+        tasks = {arm.name: bars.add(f"{arm.name} {arm.layout}", config.max_iterations)
+                 for arm in arms}  # fmt: skip
+        test = LiveTest(arms, config, settings.hbm_gib,
+                        lambda arm, steps: bars.update(tasks[arm], steps))  # fmt: skip
+        if test.first_looks:
+            early = ", ".join(f"{arm} after {batches}" for arm, batches in test.first_looks.items())
+            phases.say(f"predicted to lose by far, first look sooner (batches): {early}")
+        runs = arm_runs(test, key)
+
+        def resumed(index: int, run: ProfiledRun) -> None:
+            arm = arms[index]
+            steps = stored_steps(store, settings.study, run.ingested.run_id) if run.ingested else []
+            failure = None if run.result.status in (FINISHED, STOPPED) else run.result.failure_class
+            stopped = run.result.error if run.result.status == STOPPED else None
+            test.preload(arm.name, steps, failure or None, stopped)
+            bars.update(tasks[arm.name], len(steps), "(from the store)")
+
+        try:
+            done = run_layouts(recipe, runs, settings.backend, store, settings.study,
+                               settings.log_dir, options, cancel, resumed)  # fmt: skip
+        except BaseException:  # interrupted: keep what was decided (run ids come on resume)
+            write_decisions(store, settings.study, key, test.decisions(), {})
+            raise
+    results = []
+    for arm, run in zip(arms, done, strict=True):
+        memory = None
+        if run.ingested:
+            memory = memory_per_stage(store, settings.study, run.ingested.run_id, arm.layout.pp)
+        test.end(arm.name, run, memory or None)
+        results.append(
+            ArmResult(arm, test.trace(arm.name), run, memory or None, test.cost(arm.name, world))
+        )
+    outcome = ABOutcome(key, tuple(results), tuple(test.finish()))
+    run_ids = {r.arm.name: r.run.ingested.run_id for r in results if r.run and r.run.ingested}
+    write_decisions(store, settings.study, key, outcome.decisions, run_ids)
+    last = outcome.last_decisions
+    for r in results:
+        verdict = last.get(r.arm.name)
+        said = f"{verdict.action}: {verdict.reason}" if verdict else "no decision"
+        phases.say(f"{r.arm.name} {r.arm.layout}: {len(r.trace.steps_ms)} iterations, {said}")
+    return outcome
+
+
+@dataclass(frozen=True)
+class Refit:
+    """The refined fit, or why there is none (said in the report's notes)."""
+
+    result: FitResult | None
+    skipped: str | None = None
+
+
+def refit(
+    recipe: Recipe,
+    store: CostStore,
+    study: str,
+    profiled: Sequence[ProfiledRun],
+    results: Sequence[ArmResult],
+    gpus_per_node: int,
+) -> Refit:
+    """Closing the loop: the profiling runs and every A/B run, fitted together; the next plan of
+    this study starts from it.  A/B runs the fit cannot use (too short for a steady timer
+    interval) leave the first fit standing, and the user is told why."""
+    run_ids = [r.ingested.run_id for r in profiled if r.ingested]
+    extra = [r.run.ingested.run_id for r in results if r.run and r.run.ingested]
+    if not extra:
+        return Refit(None)
+    try:
+        return Refit(fit(recipe, store, study, run_ids + extra, gpus_per_node))
+    except MeasurementError as exc:
+        return Refit(None, f"refit skipped, the first fit stands: {exc}")
+
+
+def cluster_cpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("CPU", 1)) if ray.is_initialized() else 1
+
+
+def cluster_gpus() -> int:
+    import ray
+
+    return int(ray.cluster_resources().get("GPU", 0))

@@ -1,0 +1,43 @@
+"""Everything a tune needs besides the recipe, as one frozen dataclass the command line fills in,
+and the study id a tune's measurements are kept under."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ray_layout.ab.stats import ABConfig
+from ray_layout.model.spec import Recipe
+from ray_layout.runtime.profiling import Backend
+
+DEFAULT_HARDWARE = "cluster_configs/hardware/h200_emulated.yaml"
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """Everything the tune needs besides the recipe."""
+
+    backend: Backend
+    store: Path
+    study: str
+    log_dir: Path
+    report_dir: Path
+    gpus_per_node: int
+    ab: ABConfig
+    ab_top: int = 3
+    profile_iters: int = 10
+    hbm_gib: float | None = None
+    timeout_s: float = 3600.0
+    heartbeat_s: float = 900.0
+    samples: int = 256
+    seed: int = 0
+    allow_standalone_mtp: bool = False
+    runs_at_once: int | None = None  # None: as many as the cluster has room for
+
+
+def study_id(recipe: Recipe, backend: Backend) -> str:
+    """A readable id that changes with anything that changes the measurements."""
+    text = repr((recipe.model, recipe.parallel, backend.name, backend.hardware))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{recipe.model.name}-pp{recipe.parallel.pp}-{digest}"

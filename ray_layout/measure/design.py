@@ -1,0 +1,180 @@
+"""Which units a profiling run's timers identify, and which runs to make.
+
+Every PP rank's ``forward-compute`` (and ``backward-compute``) timer is the sum, over the
+micro-batches it ran, of the units its stage holds; per micro-batch that is one row of a linear
+system (:func:`design_rows`).  The profile design picks a few layouts whose stacked rows are well
+conditioned, fit in memory and run fast, so that the fit can solve for every unit.
+
+What one layout keeps together cannot be told apart: with MTP always beside the loss only the
+sum m + L is identified (and that is all a planner that keeps them together needs); the split
+then follows FLOPs, and an MTP-standalone run is needed to measure them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ray_layout.errors import ConfigError
+from ray_layout.model.costs import UnitCosts
+from ray_layout.model.layout import Layout
+from ray_layout.model.sizing import GIB, LOSS, MTP, unit_sizes
+from ray_layout.model.spec import ModelSpec, ParallelConfig
+from search.cost_model import build_cost_model
+from search.evaluate import score
+from search.schedule import compile_schedule
+from search.space import LayoutSpace
+
+PAIR = "m+L"  # the MTP layers and the loss, fitted as one unit when never measured apart
+
+
+def unit_columns(model: ModelSpec, mtp_apart: bool) -> tuple[str, ...]:
+    """The units to solve for: m and L separately only if some run held MTP without the loss
+    (``mtp_apart``), else their sum."""
+    decoders = tuple(u for u in unit_sizes(model) if u.startswith("t"))
+    if not model.mtp_num_layers:
+        return ("E", *decoders, LOSS)
+    return ("E", *decoders, *((MTP, LOSS) if mtp_apart else (PAIR,)))
+
+
+def design_rows(model: ModelSpec, layout: Layout, columns: Sequence[str]) -> np.ndarray:
+    """(PP, U): how many of each unit every PP rank holds, over all its chunks."""
+    space, cuts = LayoutSpace.holding(layout)
+    units = [u for u in columns if u != PAIR] + ([MTP, LOSS] if PAIR in columns else [])
+    counts = space.unit_counts(cuts[None], units, model.moe_layer_pattern)[0]
+    per_rank = counts.reshape(layout.vpp, layout.pp, len(units)).sum(axis=0)
+    if PAIR not in columns:
+        return per_rank
+    m, loss = units.index(MTP), units.index(LOSS)
+    pair = np.maximum(per_rank[:, m] / max(model.mtp_num_layers, 1), per_rank[:, loss])
+    return np.column_stack([per_rank[:, : len(columns) - 1], pair])
+
+
+PROFILE_FLAGS = ("--timing-log-level", "2", "--timing-log-option", "all", "--log-interval", "1",
+                 "--eval-iters", "0")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    """The runs to make, and how well they pin down each unit's cost."""
+
+    layouts: tuple[Layout, ...]
+    columns: tuple[str, ...]
+    rank: int
+    condition: float  # of the stacked design, columns scaled to unit length
+    predicted_ms: tuple[float, ...]  # step time of each run under the guessed costs
+    peak_memory_gib: tuple[float, ...]
+
+    @property
+    def unidentified(self) -> tuple[str, ...]:
+        """What these runs leave to FLOPs rather than measure."""
+        if PAIR not in self.columns:
+            return ()
+        why = "no run holds MTP without the loss, so only their sum is measured"
+        return (f"m and L apart: {why}; their split follows FLOPs (allow standalone MTP)",)
+
+    def megatron_flags(self, layout: Layout, train_iters: int = 20) -> list[str]:
+        """What to add to a run's ``pretrain_gpt.py`` command line to profile this layout."""
+        return [
+            "--pipeline-model-parallel-size", str(layout.pp),
+            "--pipeline-model-parallel-layout", str(layout),
+            "--train-iters", str(train_iters), *PROFILE_FLAGS,
+        ]  # fmt: skip
+
+
+def _condition(designs: np.ndarray) -> np.ndarray:
+    """(n,) condition numbers of stacked designs (n, rows, U), columns scaled to unit length;
+    rank-deficient ones are infinite."""
+    norms = np.linalg.norm(designs, axis=1, keepdims=True)
+    scaled = designs / np.where(norms > 0, norms, 1.0)
+    values = np.linalg.svd(scaled, compute_uv=False)
+    smallest = values[:, -1]
+    return np.where(smallest > 1e-9, values[:, 0] / np.maximum(smallest, 1e-300), np.inf)
+
+
+def _candidate_cuts(space: LayoutSpace, limit: int, seed: int) -> np.ndarray:
+    """Every layout of a small space, or a seeded sample of a large one."""
+    if space.count().total <= limit:
+        return np.concatenate(list(space.cut_blocks()))
+    rng = np.random.default_rng(seed)
+    items = space.num_layers + 2 + bool(space.mtp_num_layers)
+    raw = np.sort(rng.random((limit * 4, items - 1)).argsort(axis=1)[:, : space.num_stages - 1]
+                  + 1, axis=1)  # fmt: skip
+    valid = [row for row in raw if _valid_cut_set(space, row)]
+    return np.unique(np.array(valid[:limit], dtype=np.int64), axis=0)
+
+
+def _valid_cut_set(space: LayoutSpace, cuts: np.ndarray) -> bool:
+    if space.mtp_num_layers:
+        mtp_stage = int((cuts <= space.num_layers + 1).sum())
+        if not space.allow_standalone_mtp and mtp_stage != space.num_stages - 1:
+            return False
+    return True
+
+
+def profile_design(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    num_microbatches: int,
+    guess: UnitCosts,
+    *,
+    hbm_gib: float | None = None,
+    standalone_mtp: bool = False,
+    runs: int = 2,
+    candidate_limit: int = 20_000,
+    seed: int = 0,
+) -> ProfilePlan:
+    """The fewest runs (``runs``, at least enough for full rank) whose per-rank timers identify
+    every unit: the fastest layout that fits first, then each next run the one that makes the
+    stacked design best conditioned (ties to the faster run)."""
+    run = replace(parallel, vpp=1)
+    space = LayoutSpace(model.num_layers, model.mtp_num_layers, run.pp,
+                        allow_standalone_mtp=standalone_mtp)  # fmt: skip
+    cuts = _candidate_cuts(space, candidate_limit, seed)
+    program = compile_schedule(run.pp, 1, num_microbatches)
+    cost_model = build_cost_model(model, run, guess, num_microbatches)
+    scores = score(program, cost_model, space.unit_counts(cuts, cost_model.units,
+                                                          model.moe_layer_pattern))  # fmt: skip
+    fits = np.ones(len(cuts), dtype=bool)
+    if hbm_gib is not None:
+        fits = scores.peak_memory_bytes <= hbm_gib * GIB
+        if not fits.any():
+            raise ConfigError(f"no layout on PP={run.pp} fits in {hbm_gib} GiB for profiling")
+    layouts = [Layout(space.stages_from_cuts(tuple(int(c) for c in row)), run.pp) for row in cuts]
+    columns = unit_columns(model, standalone_mtp)
+    designs = np.array([design_rows(model, layout, columns) for layout in layouts])
+    steps = np.where(fits, scores.noise_free_ms, np.inf)
+    chosen = [int(np.argmin(steps))]
+
+    def identified() -> bool:
+        return bool(np.isfinite(_condition(designs[chosen].reshape(1, -1, len(columns)))[0]))
+
+    while len(chosen) < runs or not identified():
+        if len(chosen) >= runs + len(columns):
+            raise ConfigError(
+                f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
+            )
+        stacked = np.concatenate(
+            [np.repeat(designs[chosen].reshape(1, -1, len(columns)), len(cuts), axis=0), designs],
+            axis=1,
+        )
+        condition = np.where(fits, _condition(stacked), np.inf)
+        condition[chosen] = np.inf
+        best = condition.min()
+        if not np.isfinite(best) and len(chosen) >= runs:
+            raise ConfigError(
+                f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
+            )
+        near = np.flatnonzero(condition <= best * 1.05)  # well conditioned: take the fastest
+        chosen.append(int(near[np.argmin(steps[near])]))
+    design = designs[chosen].reshape(-1, len(columns))
+    return ProfilePlan(
+        layouts=tuple(layouts[i] for i in chosen),
+        columns=columns,
+        rank=int(np.linalg.matrix_rank(design)),
+        condition=float(_condition(design[None])[0]),
+        predicted_ms=tuple(float(scores.noise_free_ms[i]) for i in chosen),
+        peak_memory_gib=tuple(float(scores.peak_memory_bytes[i]) / GIB for i in chosen),
+    )

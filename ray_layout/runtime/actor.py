@@ -1,0 +1,137 @@
+"""One rank's process, owned by a Ray actor on the rank's GPU so that it dies with the actor.
+
+The process is a child of its actor (never detached), started with the actor's environment plus
+the rank's variables and unbuffered Python output (for timely heartbeats).  Its output goes line
+by line to its log file on the rank's node (use a shared file system to read the logs in one
+place) while the actor keeps the lines the driver asks about: the tail, the first line of each
+failure class and Megatron's iteration lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from ray_layout.errors import ConfigError
+from ray_layout.runtime.failures import ITERATION_LINE, MAX_LINE, RankStatus, failure_mark
+
+_TAIL_LINES = 50
+
+
+class RankProcess:
+    """One rank's subprocess, owned by the actor it runs in so that it dies with it."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[str] | None = None
+        self._lock = threading.Lock()
+        self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._marks: dict[str, str] = {}
+        self._iteration_lines: list[str] = []
+        self._started = self._last_beat = 0.0
+        self._exited: float | None = None
+        self._reader: threading.Thread | None = None
+
+    def where(self) -> tuple[str, list[int], str]:
+        """(node id, sorted GPU ids, node IP): node ids, since simulated nodes share an IP."""
+        context = ray.get_runtime_context()
+        return context.get_node_id(), sorted(ray.get_gpu_ids()), ray.util.get_node_ip_address()
+
+    def free_port(self) -> int:
+        """A port free on this node now, for rank 0's rendezvous."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def start(self, argv: list[str], env: Mapping[str, str], log_path: str) -> int:
+        """Launch the rank with this worker's environment updated by ``env`` (and unbuffered
+        Python output, for timely heartbeats); its output streams to ``log_path``.  Returns its
+        pid."""
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - the reader thread closes it
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+                text=True,
+                errors="replace",
+            )
+        except OSError as exc:
+            log.close()
+            raise ConfigError(f"cannot launch {argv[0]!r}: {exc.strerror}") from None
+        self._started = self._last_beat = time.monotonic()
+        self._reader = threading.Thread(target=self._read, args=(log,), daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._wait, daemon=True).start()
+        return self._proc.pid
+
+    def poll(self) -> RankStatus:
+        assert self._proc is not None
+        with self._lock:
+            now = time.monotonic()
+            return RankStatus(
+                pid=self._proc.pid,
+                returncode=self._proc.returncode if self._exited is not None else None,
+                exit_after_s=None if self._exited is None else self._exited - self._started,
+                idle_s=now - self._last_beat,
+                marks=dict(self._marks),
+                tail=tuple(self._tail),
+            )
+
+    def iteration_lines(self, start: int) -> list[str]:
+        """Megatron's iteration lines this rank printed, from the ``start``-th on."""
+        with self._lock:
+            return self._iteration_lines[start:]
+
+    def stop(self, grace_s: float) -> RankStatus | None:
+        """SIGTERM, ``grace_s`` to exit, then SIGKILL; the rank's final status (None if it
+        never started)."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        assert self._reader is not None
+        self._reader.join(timeout=2.0)  # a grandchild may hold the pipe open
+        with self._lock:
+            self._exited = self._exited or time.monotonic()
+        return self.poll()
+
+    def _read(self, log: Any) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        with log:
+            for line in self._proc.stdout:
+                log.write(line)
+                log.flush()
+                self._see(line.rstrip("\n")[:MAX_LINE])
+
+    def _see(self, line: str) -> None:
+        mark = failure_mark(line)
+        with self._lock:
+            self._tail.append(line)
+            if ITERATION_LINE.search(line):
+                self._last_beat = time.monotonic()
+                self._iteration_lines.append(line)
+            if mark and mark not in self._marks:
+                self._marks[mark] = line
+
+    def _wait(self) -> None:
+        assert self._proc is not None
+        self._proc.wait()
+        with self._lock:
+            self._exited = self._exited or time.monotonic()

@@ -1,0 +1,250 @@
+"""One attempt of a run on the connected Ray cluster: place, launch, watch, release.
+
+One placement group per attempt (a bundle per node, STRICT_SPREAD), one actor per rank on its
+node's bundle with ``max_restarts=0``, since a restarted rank cannot rejoin a NCCL communicator.
+The driver polls every rank; the attempt ends when all ranks exit 0, when one fails (its peers
+get a moment to print why they fail too), at the run's timeout or heartbeat, when the caller's
+watch stops it, or when the caller cancels it.  Every path stops the rank processes (SIGTERM,
+then SIGKILL), kills the actors and removes the placement group.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ray_layout.errors import ConfigError
+from ray_layout.runtime.actor import RankProcess
+from ray_layout.runtime.failures import (
+    CANCELLED_ERROR,
+    RankStatus,
+    classify_exit,
+    one_line,
+    run_status,
+)
+from ray_layout.runtime.placement import (
+    RankEnv,
+    check_placement,
+    device_env,
+    node_bundles,
+    rank_order,
+)
+from ray_layout.runtime.spec import RunResult, RunSpec, Watch, attempt_id, log_paths
+
+_POLL_S = 0.25  # how often the driver asks every rank for its progress
+_RPC_TIMEOUT_S = 30.0  # longest wait for one answer of a live actor
+_SETTLE_S = 2.0  # after a rank fails, how long its peers get to print why they fail too
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt of a run: its id, what watches it and how to report its end."""
+
+    spec: RunSpec
+    number: int
+    watch: Watch | None
+    cancel: threading.Event
+
+    @property
+    def run_id(self) -> str:
+        return attempt_id(self.spec.run_id, self.number)
+
+    def result(
+        self,
+        failure_class: str | None,
+        error: str | None,
+        statuses: Sequence[RankStatus] | None = None,
+    ) -> RunResult:
+        world = self.spec.parallel.world_size
+        return RunResult(
+            run_id=self.run_id,
+            status=run_status(failure_class),
+            failure_class=failure_class,
+            returncodes=[s.returncode for s in statuses] if statuses else [None] * world,
+            log_paths=log_paths(self.spec, self.run_id),
+            attempts=self.number,
+            error=error,
+        )
+
+
+def run_attempt(
+    spec: RunSpec,
+    number: int,
+    rank_env: RankEnv,
+    watch: Watch | None,
+    cancel: threading.Event,
+) -> RunResult:
+    """Attempt ``number`` of ``spec``: place it, launch every rank, watch until it ends; every
+    failure becomes the result's class, and every path releases what it took."""
+    attempt = _Attempt(spec, number, watch, cancel)
+    bundles = node_bundles(spec.parallel.world_size, spec.gpus_per_node)
+    try:
+        check_placement(spec.parallel, {f"node {i}": gpus for i, gpus in enumerate(bundles)})
+    except ConfigError as exc:
+        return attempt.result("invalid-config", str(exc))
+    pg = placement_group(
+        [{"GPU": gpus, "CPU": gpus * spec.cpus_per_rank} for gpus in bundles],
+        strategy="STRICT_SPREAD",
+        name=attempt.run_id,
+    )
+    actors: list[Any] = []
+    try:
+        if not _placed(pg, spec.placement_timeout_s, attempt.cancel):
+            if attempt.cancel.is_set():
+                return attempt.result("cancelled", CANCELLED_ERROR)
+            shape = "+".join(map(str, bundles))
+            wait = spec.placement_timeout_s
+            error = f"{shape} GPUs on {len(bundles)} nodes not placed within {wait:g} s"
+            return attempt.result("infeasible-placement", error)
+        actors = _create_actors(spec, pg, bundles, attempt.run_id)
+        return _launch_and_watch(attempt, actors, rank_env)
+    except _Cancelled:
+        return attempt.result("cancelled", CANCELLED_ERROR)
+    except ConfigError as exc:  # also raised in an actor: the command cannot be launched
+        return attempt.result("invalid-config", one_line(str(exc)))
+    except RayActorError as exc:
+        return attempt.result("node-lost", one_line(f"a rank's actor died: {exc}"))
+    except GetTimeoutError:
+        return attempt.result("node-lost", f"a rank's actor did not answer in {_RPC_TIMEOUT_S:g} s")
+    finally:
+        _release(actors, pg, spec.stop_grace_s)
+
+
+class _Cancelled(Exception):
+    """The run was cancelled while the shell waited on its actors."""
+
+
+def _get(refs: list[Any], timeout_s: float, cancel: threading.Event) -> list[Any]:
+    """``ray.get`` that gives up at the timeout (GetTimeoutError) or as soon as the run is
+    cancelled (_Cancelled): actors of a busy cluster may take long to start."""
+    deadline = time.monotonic() + timeout_s
+    while not cancel.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GetTimeoutError(f"no answer in {timeout_s:g} s")
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=min(left, _POLL_S * 4))
+        if len(done) == len(refs):
+            return ray.get(refs)
+    raise _Cancelled
+
+
+def _placed(pg: PlacementGroup, timeout_s: float, cancel: threading.Event) -> bool:
+    """Wait for the group to be placed, giving up at the timeout or when cancelled."""
+    ready = pg.ready()
+    deadline = time.monotonic() + timeout_s
+    while not cancel.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        done, _ = ray.wait([ready], timeout=min(left, _POLL_S * 4))
+        if done:
+            return True
+    return False
+
+
+def _release(actors: list[Any], pg: PlacementGroup, grace_s: float) -> None:
+    """Stop every rank process (SIGTERM, ``grace_s``, SIGKILL), kill every actor and remove the
+    placement group, even when an actor is dead or an earlier step fails."""
+    try:
+        stops = [actor.stop.remote(grace_s) for actor in actors]
+        ray.wait(stops, num_returns=len(stops), timeout=grace_s + 5.0)
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+        remove_placement_group(pg)
+
+
+def _create_actors(spec: RunSpec, pg: PlacementGroup, bundles: list[int], run_id: str) -> list:
+    """One actor per GPU slot, on its node's bundle."""
+    actor_class = ray.remote(RankProcess)
+    bundle_of_slot = [index for index, gpus in enumerate(bundles) for _ in range(gpus)]
+    return [
+        actor_class.options(
+            num_gpus=1,
+            num_cpus=spec.cpus_per_rank,
+            max_restarts=0,
+            name=f"{run_id}.slot-{slot}",
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=index
+            ),
+        ).remote()
+        for slot, index in enumerate(bundle_of_slot)
+    ]
+
+
+def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) -> RunResult:
+    """Order the slots into ranks, launch every rank, then poll until the run ends."""
+    spec = attempt.spec
+    deadline = time.monotonic() + spec.timeout_s
+    try:
+        places = _get([slot.where.remote() for slot in slots], spec.timeout_s, attempt.cancel)
+    except GetTimeoutError:
+        return attempt.result("timeout", f"rank actors did not start in {spec.timeout_s:g} s")
+    ranks = _launch(attempt, slots, places, rank_env)
+    return _watch(attempt, ranks, deadline)
+
+
+def _launch(
+    attempt: _Attempt,
+    slots: list[Any],
+    places: list[tuple[str, list[int], str]],
+    rank_env: RankEnv,
+) -> list[Any]:
+    """Start every rank's process with torchrun's variables; the actors in global rank order."""
+    spec = attempt.spec
+    world = spec.parallel.world_size
+    slot_of = {(node, gpus[0]): slot for slot, (node, gpus, _) in enumerate(places)}
+    ordered = rank_order(list(slot_of), spec.parallel)
+    ranks = [slots[slot_of[device]] for device in ordered]
+    master_addr = places[slot_of[ordered[0]]][2]
+    master_port = _get([ranks[0].free_port.remote()], _RPC_TIMEOUT_S, attempt.cancel)[0]
+    launches = []
+    for rank, log_path in enumerate(log_paths(spec, attempt.run_id)):
+        gpu_ids = places[slot_of[ordered[rank]]][1]
+        env = {
+            **spec.env,
+            **rank_env(rank, world, master_addr, master_port, gpu_ids),
+            **device_env(ordered, rank),
+        }
+        launches.append(ranks[rank].start.remote(spec.command, env, str(log_path)))
+    _get(launches, _RPC_TIMEOUT_S, attempt.cancel)
+    return ranks
+
+
+def _watch(attempt: _Attempt, ranks: list[Any], deadline: float) -> RunResult:
+    """Poll every rank until the run ends one way or another."""
+    spec = attempt.spec
+    failed_at: float | None = None
+    lines_seen = 0
+    while True:
+        attempt.cancel.wait(_POLL_S)
+        statuses = ray.get([actor.poll.remote() for actor in ranks], timeout=_RPC_TIMEOUT_S)
+        now = time.monotonic()
+        codes = [status.returncode for status in statuses]
+        if attempt.watch is not None:
+            lines = ray.get(ranks[-1].iteration_lines.remote(lines_seen), timeout=_RPC_TIMEOUT_S)
+            lines_seen += len(lines)
+            reason = attempt.watch(attempt.run_id, lines)
+            if reason is not None and not all(code == 0 for code in codes):
+                return attempt.result("early-stop", reason, statuses)
+        if attempt.cancel.is_set():
+            return attempt.result("cancelled", CANCELLED_ERROR, statuses)
+        if all(code == 0 for code in codes):
+            return attempt.result(None, None, statuses)
+        if any(code not in (None, 0) for code in codes):
+            failed_at = failed_at or now
+            if None not in codes or now - failed_at >= _SETTLE_S:
+                return attempt.result(*classify_exit(statuses), statuses)
+        elif now >= deadline:
+            return attempt.result("timeout", f"still running after {spec.timeout_s:g} s", statuses)
+        elif min(status.idle_s for status in statuses) >= spec.heartbeat_s:
+            error = f"no iteration line on any rank for {spec.heartbeat_s:g} s"
+            return attempt.result("hang", error, statuses)

@@ -1,0 +1,94 @@
+"""A Ray cluster for one command: join a running one, or simulate a multi-node GPU cluster here.
+
+A cluster started by hand (``RAY_AUTH_MODE=disabled`` on every command, or ``RAY_AUTH_MODE=token``
+exported for the CLI), here with two simulated 4-GPU workers on one machine; start the workers
+one after the other (started at once, one timed out here)::
+
+    RAY_AUTH_MODE=disabled ray start --head --port 6379 --num-cpus 0 --num-gpus 0 \\
+        --include-dashboard false --object-store-memory 100000000 --block &
+    RAY_AUTH_MODE=disabled ray start --address 127.0.0.1:6379 --num-cpus 4 --num-gpus 4 \\
+        --object-store-memory 100000000 --resources '{"worker-1": 1}' --block &
+    RAY_AUTH_MODE=disabled ray start --address 127.0.0.1:6379 --num-cpus 4 --num-gpus 4 \\
+        --object-store-memory 100000000 --resources '{"worker-2": 1}' --block &
+
+then ``ray.init(address="127.0.0.1:6379")`` in the driver.  With ``--block`` each node stops,
+with all its processes, when its ``ray start`` gets SIGTERM: stop workers first, then the head,
+by their pids; never ``ray stop``, which kills every Ray process on the host.  On a real cluster
+drop ``--num-gpus`` on workers (Ray detects the GPUs) and the custom resources.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import ray
+from ray.cluster_utils import Cluster
+
+from ray_layout.errors import ConfigError
+
+_LOCAL_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def start_local_cluster(
+    nodes: int = 3,
+    gpus_per_node: int = 4,
+    cpus_per_node: int | None = None,
+    object_store_mb: int = 100,
+) -> Cluster:
+    """A simulated multi-node GPU cluster on this machine, with this driver connected: a head
+    without CPUs (so nothing runs there) and ``nodes`` workers declaring fake GPUs.
+
+    Sets RAY_AUTH_MODE=disabled and RAY_USAGE_STATS_ENABLED=0 in this process's environment.
+    Shut down with ``ray.shutdown()`` then ``cluster.shutdown()``, never ``ray stop``.
+    """
+    os.environ.update(_LOCAL_CLUSTER_ENV)
+    store_bytes = object_store_mb * 2**20
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "include_dashboard": False,
+            "object_store_memory": store_bytes,
+        },
+    )
+    for _ in range(nodes):
+        cluster.add_node(
+            num_cpus=gpus_per_node if cpus_per_node is None else cpus_per_node,
+            num_gpus=gpus_per_node,
+            object_store_memory=store_bytes,
+        )
+    cluster.wait_for_nodes()
+    cluster.connect()
+    return cluster
+
+
+@contextmanager
+def connected(
+    address: str | None, nodes: int, gpus_per_node: int | None
+) -> Iterator[tuple[int, str]]:
+    """Join ``address`` (or $RAY_ADDRESS, as in a Ray job), else start an embedded local cluster
+    of ``nodes`` simulated GPU nodes; yields the GPUs per node a run may take and a line saying
+    which; always disconnects."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    cluster = None
+    if address:
+        ray.init(address=address, logging_level="ERROR")
+        per_node = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
+        found = max(per_node, default=0)
+        if found == 0:
+            ray.shutdown()
+            raise ConfigError(f"the Ray cluster at {address} has no GPUs")
+        gpus_per_node = gpus_per_node or found
+        where = f"joined {address}: {sum(per_node)} GPUs on {len(per_node)} nodes"
+    else:
+        gpus_per_node = gpus_per_node or 4
+        cluster = start_local_cluster(nodes=nodes, gpus_per_node=gpus_per_node)
+        where = f"started an embedded local cluster: {nodes} nodes x {gpus_per_node} GPUs"
+    try:
+        yield gpus_per_node, where
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
