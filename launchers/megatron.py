@@ -1,10 +1,12 @@
 """One Megatron-LM rank without torchrun: the ``pretrain_gpt.py`` arguments of a profile run and
 the environment torchrun would have given the process.
 
-A profile run trains the recipe's model on mock data (no data or tokenizer files on the nodes),
-saves nothing, and logs timers, iteration and memory lines at every iteration.  Every argument is
-checked against megatron-core 0.16.1's flag table before it leaves this machine, so a typo fails
-here rather than minutes later on a GPU node.
+A profile run is the user's own training job, shortened: the recipe's model and parallel sizes,
+the layout under test, every flag of the user's own command line (``Recipe.megatron_args``)
+except those the tuner owns (``launchers.megatron_flags``), mock data unless the user keeps
+theirs, nothing saved, and timers, iteration and memory lines at every iteration.  Every argument
+is checked against megatron-core 0.16.1's flag table before it leaves this machine, so a typo
+fails here rather than minutes later on a GPU node.
 """
 
 from __future__ import annotations
@@ -14,22 +16,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from launchers.megatron_flags import MergedArguments, merge_arguments
 from ray_layout.errors import ConfigError, LayoutError
+from ray_layout.model.baselines import megatron_default
 from ray_layout.model.layout import Layout, validate
-from ray_layout.model.megatron_args import typed_value, walk_flags
+from ray_layout.model.megatron_args import check_arguments, parse_flags
 from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig, Recipe
 
 ARGUMENTS_SOURCE = "pretrain_gpt.py arguments"  # how errors in an argument list name it
 _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
-# Megatron rejects these together with a layout string: the layout alone sets the split and VPP.
-_SPLIT_FLAGS = (
-    "--num-layers-per-virtual-pipeline-stage",
-    "--num-virtual-stages-per-pipeline-rank",
-    "--decoder-first-pipeline-num-layers",
-    "--decoder-last-pipeline-num-layers",
-    "--account-for-embedding-in-pipeline-split",
-    "--account-for-loss-in-pipeline-split",
-)
 # --eval-iters 0 already turns evaluation off, but Megatron still divides by the interval.
 _NO_EVALUATION = 1_000_000_000
 # Set only where the caller's environment has no value of its own.
@@ -51,8 +46,9 @@ class ProfileSettings:
     log_interval: int = 1
     timing_log_level: int = 2
     timing_log_option: str = "all"
-    lr: float = 1e-4
+    lr: float = 1e-4  # lr, lr decay style, seed and bf16 only where the user sets none
     seed: int = 1234
+    keep_data: bool = False  # the user's data and tokenizer flags instead of mock data
 
     def __post_init__(self) -> None:
         if self.train_iters < 1 or self.log_interval < 1:
@@ -63,42 +59,32 @@ class ProfileSettings:
 
 
 def megatron_arguments(
-    recipe: Recipe,
-    layout: Layout | None,
-    settings: ProfileSettings,
-    extra_args: Sequence[str] = (),
-) -> list[str]:
-    """The ``pretrain_gpt.py`` arguments that train ``recipe`` on mock data with ``layout``.
+    recipe: Recipe, layout: Layout | None, settings: ProfileSettings
+) -> MergedArguments:
+    """The ``pretrain_gpt.py`` arguments that run ``recipe`` with ``layout`` as the user's job.
 
-    ``extra_args`` are appended verbatim.  Megatron's argparse keeps the last value of a repeated
-    option, so a user's ``--train-iters 50`` overrides ours; a switch we set (``--bf16``,
-    ``--use-distributed-optimizer``, ...) cannot be switched off that way: change the recipe.
-    With TP > 1 the run uses sequence parallelism (Megatron's MoE layer refuses TP without it).
+    The tuner's flags first (model, parallel sizes, layout, iterations, mock data, logging), then
+    the user's own flags it does not own, unchanged (``launchers.megatron_flags``).  With TP > 1
+    the run uses sequence parallelism (Megatron's MoE layer refuses TP without it).  Without a
+    layout, Megatron's own split must exist for the model: 61 layers on PP 16 is an error here.
     """
     if layout is not None:
         _check_layout(recipe, layout)
-    arguments = [
-        *_model_arguments(recipe.model),
-        *_parallel_arguments(recipe.parallel, layout),
-        *_training_arguments(settings),
-        *extra_args,
-    ]
-    check_arguments(arguments)
-    given = {word.partition("=")[0] for word in arguments}
-    clashing = [flag for flag in _SPLIT_FLAGS if flag in given]
-    if _LAYOUT_FLAG in given and clashing:
-        raise ConfigError(f"{_LAYOUT_FLAG} cannot be combined with {', '.join(clashing)}")
-    return arguments
-
-
-def check_arguments(args: Sequence[str]) -> None:
-    """Walk ``args`` as Megatron's argparse would and raise :class:`ConfigError` at the first
-    unknown flag, stray word, wrong number of values, value of the wrong type or value outside
-    the flag's choices.  Values of Megatron's own converters (``--moe-layer-freq``, enums, ...)
-    are not in the flag table and are not checked."""
-    for use in walk_flags(args, ARGUMENTS_SOURCE, strict=True):
-        for text in use.values:
-            typed_value(use, text, ARGUMENTS_SOURCE)
+    merged = merge_arguments(
+        [
+            *_model_arguments(recipe.model, settings.keep_data),
+            *_parallel_arguments(recipe.parallel, layout),
+            *_training_arguments(settings),
+        ],
+        _default_arguments(recipe.model, settings),
+        recipe.megatron_args,
+        keep_data=settings.keep_data,
+        layout_given=layout is not None,
+    )
+    check_arguments(merged.argv, ARGUMENTS_SOURCE)
+    if layout is None:
+        _check_default_split(recipe, merged.argv)
+    return merged
 
 
 def megatron_command(python: str, megatron_path: Path, arguments: Sequence[str]) -> list[str]:
@@ -154,6 +140,22 @@ def rank_environment(
     return environment
 
 
+def _check_default_split(recipe: Recipe, arguments: Sequence[str]) -> None:
+    """Megatron's own split (with the user's split flags) must exist when no layout is given."""
+    parsed = parse_flags(arguments, ARGUMENTS_SOURCE)
+    m, p = recipe.model, recipe.parallel
+    try:
+        megatron_default(
+            m.num_layers, m.mtp_num_layers, p.pp, p.vpp,
+            account_for_embedding=parsed.get("account_for_embedding_in_pipeline_split", False),
+            account_for_loss=parsed.get("account_for_loss_in_pipeline_split", False),
+            first_stage_layers=parsed.get("decoder_first_pipeline_num_layers"),
+            last_stage_layers=parsed.get("decoder_last_pipeline_num_layers"),
+        )  # fmt: skip
+    except LayoutError as exc:
+        raise ConfigError(f"{m.num_layers} layers on PP {p.pp} without a layout: {exc}") from None
+
+
 def _moe_layer_freq(pattern: Sequence[bool]) -> str:
     """Megatron's ``--moe-layer-freq`` for a dense/MoE pattern: N when every N-th layer from layer
     0 is MoE, else a list expression of runs such as ``([0]*3+[1]*58)``."""
@@ -189,7 +191,7 @@ def _flags(values: Mapping[str, object]) -> list[str]:
     return arguments
 
 
-def _model_arguments(m: ModelSpec) -> list[str]:
+def _model_arguments(m: ModelSpec, keep_data: bool) -> list[str]:
     gqa = m.num_query_groups < m.num_attention_heads
     moe = m.num_experts > 0
     return _flags(
@@ -212,14 +214,14 @@ def _model_arguments(m: ModelSpec) -> list[str]:
             "--max-position-embeddings": m.max_position_embeddings or m.seq_length,
             "--untie-embeddings-and-output-weights": m.untie_embeddings_and_output_weights,
             "--make-vocab-size-divisible-by": m.make_vocab_size_divisible_by,
-            # The NullTokenizer adds an end-of-document token: V - 1 gives the model's V.
-            "--vocab-size": m.vocab_size - 1,
+            # The NullTokenizer adds an end-of-document token: V - 1 gives the model's V; the
+            # user's own tokenizer (kept data) knows its vocabulary.
+            "--vocab-size": None if keep_data else m.vocab_size - 1,
             "--num-experts": m.num_experts if moe else None,
             "--moe-ffn-hidden-size": m.moe_ffn_hidden_size if moe else None,
             "--moe-router-topk": m.moe_router_topk if moe else None,
             "--moe-shared-expert-intermediate-size": m.moe_shared_expert_intermediate_size or None,
             "--moe-layer-freq": _moe_layer_freq(m.moe_layer_pattern) if moe else None,
-            "--moe-token-dispatcher-type": "alltoall" if moe else None,
             "--mtp-num-layers": m.mtp_num_layers or None,
         }
     ) + (_mla_arguments(m.mla) if m.mla else [])
@@ -261,21 +263,31 @@ def _parallel_arguments(p: ParallelConfig, layout: Layout | None) -> list[str]:
 
 
 def _training_arguments(s: ProfileSettings) -> list[str]:
-    """Mock data and a null tokenizer need no files; no --save, so nothing is written."""
+    """What the tuner owns of training: mock data and a null tokenizer (no files on the nodes)
+    unless the user keeps theirs, the iterations, no evaluation, no --save, every timer."""
     return _flags(
         {
-            "--mock-data": True,
-            "--tokenizer-type": "NullTokenizer",
+            "--mock-data": not s.keep_data,
+            "--tokenizer-type": None if s.keep_data else "NullTokenizer",
             "--train-iters": s.train_iters,
-            "--lr": s.lr,
-            "--lr-decay-style": "constant",
-            "--seed": s.seed,
-            "--bf16": True,
             "--eval-iters": 0,
             "--eval-interval": _NO_EVALUATION,
             "--log-interval": s.log_interval,
             "--timing-log-level": s.timing_log_level,
             "--timing-log-option": s.timing_log_option,
             "--log-throughput": True,
+        }
+    )
+
+
+def _default_arguments(m: ModelSpec, s: ProfileSettings) -> list[str]:
+    """What a run needs that the user's own flags set when they have them."""
+    return _flags(
+        {
+            "--lr": s.lr,
+            "--lr-decay-style": "constant",
+            "--seed": s.seed,
+            "--bf16": True,
+            "--moe-token-dispatcher-type": "alltoall" if m.num_experts > 0 else None,
         }
     )

@@ -54,6 +54,7 @@ class ExactResult:
     complete: bool  # the tree was searched to the end (else the budget ran out)
     relaxation: Relaxation | None = None  # interleaved: the fractional-layout bound
     bound_reason: str = ""  # what the proven bound is, when it leaves a gap
+    smallest_peak_gib: float = float("inf")  # the lowest peak memory of any layout simulated
 
     @property
     def gap(self) -> float:
@@ -109,6 +110,7 @@ class _Search:
         self.pending: list[np.ndarray] = []
         self.pending_rows = 0
         self.simulated = self.nodes = self.rejected = 0
+        self.smallest_peak_gib = float("inf")
         self.pruned = np.inf
         self.out_of_time = False
         self.clock = ProgressClock(progress)
@@ -127,6 +129,8 @@ class _Search:
         counts = space.unit_counts(cuts, model.units, model.moe_pattern)
         scores = score(self.program, model, counts)
         self.simulated += len(cuts)
+        peak = float(scores.peak_memory_bytes.min()) / GIB if len(cuts) else float("inf")
+        self.smallest_peak_gib = min(self.smallest_peak_gib, peak)
         fits = np.ones(len(cuts), dtype=bool)
         if self.hbm_gib is not None:
             fits = scores.peak_memory_bytes <= self.hbm_gib * GIB
@@ -184,9 +188,9 @@ class _Search:
         self.clock.tick(self.describe)
 
     def describe(self) -> str:
-        best = min(self.classes, default=np.inf)
-        return (f"exact search, {self.nodes:,} nodes, {self.simulated:,} layouts simulated, "
-                f"best {best:,.1f} ms so far")  # fmt: skip
+        best = min(self.classes, default=None)
+        found = f"best {best:,.1f} ms so far" if best is not None else "none fits yet"
+        return f"exact search, {self.nodes:,} nodes, {self.simulated:,} layouts simulated, {found}"
 
 
 def exact_search(
@@ -328,4 +332,5 @@ def exact_search(
         complete=not search.out_of_time,
         relaxation=relaxation,
         bound_reason=_bound_reason(search, relaxation),
+        smallest_peak_gib=search.smallest_peak_gib,
     )

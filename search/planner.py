@@ -83,6 +83,7 @@ class Plan:
     complete: bool = True  # False: the exact search ran out of its time (or node) budget
     ties: tuple[int, ...] = ()  # per candidate: layouts predicting exactly its step (itself too)
     bound_reason: str = ""  # exact search with a gap: which bound binds and why it stays open
+    smallest_peak_gib: float = float("inf")  # lowest peak memory of any layout the search scored
 
     def speedup(self, candidate: Candidate, baseline: str) -> float | None:
         for b in self.baselines:
@@ -162,6 +163,7 @@ def plan(
         complete=result.complete,
         ties=result.ties,
         bound_reason=result.bound_reason,
+        smallest_peak_gib=result.smallest_peak_gib,
     )
 
 

@@ -73,6 +73,7 @@ class ShardResult:
     nodes: int = 0
     complete: bool = True
     bound_reason: str = ""  # exact search: what leaves a gap between the bound and the pick
+    smallest_peak_gib: float = float("inf")  # the lowest peak memory of any layout scored
 
 
 def rank_key(candidate: Candidate, grid_ms: float, hbm_gib: float | None) -> tuple:
@@ -206,6 +207,7 @@ def merge(results: list[ShardResult], top: int) -> ShardResult:
         nodes=sum(r.nodes for r in results),
         complete=all(r.complete for r in results),
         bound_reason=min(results, key=_binding).bound_reason if bounds else "",
+        smallest_peak_gib=min((r.smallest_peak_gib for r in results), default=float("inf")),
     )
 
 

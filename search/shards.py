@@ -67,11 +67,14 @@ def evaluate_shard(
     clock = ProgressClock(progress)
     kept: list[tuple[np.ndarray, ...]] = []
     scored = rejected = 0
+    smallest_peak = float("inf")
     total = space.count().total
     blocks = itertools.islice(space.cut_blocks(options.block_size), shard, None, num_shards)
     for cuts in blocks:
         scores = score(program, model, space.unit_counts(cuts, model.units, model.moe_pattern))
         scored += len(cuts)
+        if len(cuts):
+            smallest_peak = min(smallest_peak, float(scores.peak_memory_bytes.min()) / GIB)
         fits = np.ones(len(cuts), dtype=bool)
         if options.hbm_gib is not None:
             fits = scores.peak_memory_bytes <= options.hbm_gib * GIB
@@ -81,11 +84,11 @@ def evaluate_shard(
         done = scored
         clock.tick(lambda done=done: f"enumeration, {done:,} of {total:,} layouts simulated")
     if not kept or not sum(len(part[0]) for part in kept):
-        return ShardResult((), scored, 0, rejected)
+        return ShardResult((), scored, 0, rejected, smallest_peak_gib=smallest_peak)
     steps, critical, peak, cuts = (np.concatenate(column) for column in zip(*kept, strict=True))
     classes = iter_tie_classes(steps, critical, peak, cuts, space.layout_string)
     result = best_of(space, program, model, options, classes, grid_ms)
-    return replace(result, scored=scored, rejected_memory=rejected)
+    return replace(result, scored=scored, rejected_memory=rejected, smallest_peak_gib=smallest_peak)
 
 
 def exact_shard(task: ShardTask, progress: Callable[[str], None] | None = None) -> ShardResult:
@@ -122,4 +125,5 @@ def exact_shard(task: ShardTask, progress: Callable[[str], None] | None = None) 
         nodes=sum(found.nodes for found in passes),
         complete=passes[-1].complete and (len(passes) == 2 or task.options.top == 1),
         bound_reason=proving.bound_reason if bound == proving.proven_bound_ms else "",
+        smallest_peak_gib=min(found.smallest_peak_gib for found in passes),
     )

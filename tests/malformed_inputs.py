@@ -27,6 +27,7 @@ def write_inputs(folder: Path) -> dict[str, str]:
     files = {
         "billion.yaml": handbook.replace("num_layers: 16", "num_layers: 1000000000"),
         "digits.yaml": handbook.replace("num_layers: 16", "num_layers: " + "9" * 5000),
+        "deep.yaml": handbook.replace("num_layers: 16", "num_layers: 1024"),
         "zero_divisor.yaml": handbook.replace("divisible_by: 128", "divisible_by: 0"),
         "huge_costs.json": json.dumps(
             costs | {"forward_ms": dict.fromkeys(costs["forward_ms"], 1e308)}

@@ -35,6 +35,8 @@ CASES = [
     (["size", "{billion}"], "num_layers must be <= 1,024"),
     (["layouts", "{billion}", "--pp", "4", "--count"], "num_layers must be <= 1,024"),
     (["profile-layouts", "{billion}", "--pp", "4"], "num_layers must be <= 1,024"),
+    (["plan", "{deep}", "--pp", "64", "--costs", COSTS], "65,536 layer placements to search"),
+    (["profile-layouts", "{deep}", "--pp", "64"], "65,536 layer placements to search"),
     (["size", "{digits}"], "digits.yaml: not valid YAML"),
     (["plan", "{zero_divisor}", "--pp", "4", "--costs", COSTS],
      "make_vocab_size_divisible_by must be >= 1, got 0"),
@@ -184,6 +186,11 @@ def test_refused_with_one_line(inputs, argv, message):
 )
 def test_tune_refuses_before_any_cluster(inputs, extra, message):
     assert_refused([*TUNE, *extra], message, inputs, entry="tune")
+
+
+def test_tune_refuses_a_search_too_large_to_hold(inputs):
+    argv = ["{deep}", "--pp", "64", "--hardware", HARDWARE]
+    assert_refused(argv, "65,536 layer placements to search", inputs, entry="tune")
 
 
 @pytest.mark.parametrize(

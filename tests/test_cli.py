@@ -128,8 +128,50 @@ def test_plan_prints_the_pick_baselines_and_flag(capsys):
                  "--top", "3", "--samples", "32"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert 'flag to paste: --pipeline-model-parallel-layout "Et*5|t*6|t*5|mL"' in out
-    assert "Megatron default" in out and "count-based rule" in out
+    assert (
+        "│     default │ Et*4|t*4|t*4|t*4mL" in out and "│ count-based │ Et*4|t*5|t*5|t*2mL" in out
+    )
     assert "680 layouts simulated by enumeration" in out
+
+
+def test_plan_collapses_exact_ties_and_states_the_tie_break(capsys):
+    report = run_json(capsys, "plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--hbm-gb",
+                      "131", "--samples", "16")  # fmt: skip
+    ties = [row["ties"] for row in report["candidates"]]
+    assert all(t >= 1 for t in ties) and sum(ties) > len(ties)  # this space has exact ties
+    steps = [row["noise_free_ms"] for row in report["candidates"]]
+    assert len(set(steps)) == len(steps)  # one row per distinct prediction
+    assert main(["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--hbm-gb", "131",
+                 "--samples", "16"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"{sum(ties) - len(ties)} more layouts predict exactly a listed step" in out
+    assert "fewest critical stages, then the most memory headroom" in out
+
+
+def test_plan_without_hbm_says_memory_was_not_checked(capsys):
+    assert main(["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--top", "1",
+                 "--samples", "8"]) == 0  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memory not checked (no --hbm-gb)")
+    assert "80 GiB (A100/H100)" in err[0]
+
+
+def test_plan_where_no_layout_fits_names_the_smallest_peak_and_exits_2(capsys):
+    assert main(["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--hbm-gb", "20",
+                 "--samples", "8"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no layout fits in --hbm-gb 20: ")
+    assert "smallest peak of any layout scored is " in err[0] and "recompute" in err[0]
+
+
+def test_costs_of_another_shape_are_refused_unless_allowed(capsys):
+    argv = ["plan", HANDBOOK, "--pp", "4", "--ep", "4", "--dp", "4", "--costs", COSTS,
+            "--hbm-gb", "131", "--top", "1", "--samples", "8"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "measured on another shape: ep 2 (costs) vs 4 (recipe)" in err
+    assert main([*argv, "--allow-cost-mismatch"]) == 0
+    assert "warning: " in capsys.readouterr().err
 
 
 def test_plan_json_speedups_and_memory(capsys):
@@ -175,7 +217,7 @@ def test_simulate_writes_a_timeline(capsys, tmp_path):
         (["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--hbm-gb", "-1"], "positive"),
         (["simulate", HANDBOOK, "Et*5|t*6|t*5|L", "--costs", COSTS], "MTP layers"),
         (["plan", DEEPSEEK, "--pp", "4", "--costs", COSTS, "--micro-batches", "8"],
-         "lack unit(s) t_moe, t_dense"),
+         "measured on another shape: model handbook_7b_a1b (costs) vs DeepSeek-V3 (recipe)"),
     ],
 )  # fmt: skip
 def test_plan_errors_are_one_line(capsys, argv, message):

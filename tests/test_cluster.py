@@ -28,7 +28,7 @@ from ray_layout.runtime.placement import (
     megatron_coordinates,
     rank_order,
 )
-from ray_layout.runtime.runs import run_many, run_on_cluster
+from ray_layout.runtime.runs import attempts, run_many, run_on_cluster
 from ray_layout.runtime.spec import RunResult, RunSpec, attempt_id, attempt_number
 from tests.conftest import GPUS_PER_NODE, NODES
 
@@ -222,8 +222,7 @@ def test_rank_process_streams_marks_and_stops_a_stubborn_process(tmp_path):
         """)
     )
     process = RankProcess()
-    log = tmp_path / "logs" / "rank-0.log"
-    pid = process.start([sys.executable, str(script)], {}, str(log))
+    pid = process.start([sys.executable, str(script)], {}, "stubborn/rank-0")
     wait_for(lambda: "oom" in process.poll().marks, 10.0)
     running = process.poll()
     assert running.returncode is None and running.idle_s < 10.0
@@ -232,7 +231,8 @@ def test_rank_process_streams_marks_and_stops_a_stubborn_process(tmp_path):
     assert final is not None and final.returncode == -signal.SIGKILL
     assert time.monotonic() - started < 5.0
     assert not alive(pid)
-    assert "CUDA out of memory" in log.read_text()
+    output = process.finish(grace_s=0.5)  # what it printed, parsed where it ran
+    assert "CUDA out of memory" in output.text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,9 +321,10 @@ def make_spec(tmp_path: Path, mode: str, run_id: str, **changes) -> RunSpec:
         "max_retries": 0,
         "placement_timeout_s": 30.0,
         "stop_grace_s": 1.0,
+        "log_dir": tmp_path / "logs",
     } | changes
     command = [sys.executable, str(script), mode, str(tmp_path / "state")]
-    return RunSpec(run_id, "test", command, log_dir=tmp_path / "logs", **fields)
+    return RunSpec(run_id, "test", command, **fields)
 
 
 def assert_cleaned_up(tmp_path: Path, spec: RunSpec, result: RunResult) -> None:
@@ -388,7 +389,21 @@ def test_a_killed_rank_is_retried(ray_cluster, tmp_path):
         ["killed-retry1", "finished", "-"],
     ]
     assert rows.error.iloc[0].startswith("rank 1 killed by SIGKILL")
-    assert (tmp_path / "logs" / "killed" / "rank-1.log").exists()
+    assert (tmp_path / "logs" / "killed" / "rank-1.log").exists()  # written by the driver
+    assert_cleaned_up(tmp_path, spec, result)
+
+
+def test_a_rank_that_dies_mid_run_returns_what_it_logged(ray_cluster, tmp_path):
+    """No log folder: the killed rank's output before its death comes back through Ray."""
+    spec = make_spec(tmp_path, "kill-once", "dies", log_dir=None)
+    (first,) = list(attempts(spec))
+    result = first.result
+    assert (result.failure_class, result.log_paths) == ("killed", [])
+    assert result.returncodes[-1] == -signal.SIGKILL
+    for output in result.outputs:  # the killed rank's too
+        assert output.text.startswith("RANK=") and "iteration        1/" in output.text
+        assert [it.iteration for it in output.parsed.iterations] == [1]
+    assert not (tmp_path / "logs").exists()
     assert_cleaned_up(tmp_path, spec, result)
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from launchers.megatron import (
     ProfileSettings,
-    check_arguments,
     megatron_arguments,
     megatron_command,
     rank_environment,
@@ -21,7 +20,7 @@ from launchers.megatron import (
 from ray_layout.errors import ConfigError
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.layout import Layout
-from ray_layout.model.megatron_args import load_megatron_command_line
+from ray_layout.model.megatron_args import check_arguments, load_megatron_command_line
 from ray_layout.model.spec import (
     ParallelConfig,
     Recipe,
@@ -82,9 +81,14 @@ CASES = [handbook, deepseek_v3, mixtral, dense_gpt]
 SETTINGS = ProfileSettings()
 
 
-def arguments(case, extra_args: tuple[str, ...] = ()) -> list[str]:
+def arguments(case, user_args: tuple[str, ...] = ()) -> list[str]:
+    """The rank's arguments for a case, with ``user_args`` as the user's own flags."""
     recipe, layout = case()
-    return megatron_arguments(recipe, layout, SETTINGS, extra_args)
+    return argv(replace(recipe, megatron_args=user_args), layout)
+
+
+def argv(recipe: Recipe, layout: Layout | None, settings: ProfileSettings = SETTINGS) -> list[str]:
+    return list(megatron_arguments(recipe, layout, settings).argv)
 
 
 def values(args: list[str], flag: str) -> list[str]:
@@ -106,7 +110,7 @@ def value(args: list[str], flag: str) -> str:
 def test_arguments_pass_the_checker(case):
     args = arguments(case)
     assert all(isinstance(word, str) for word in args)
-    check_arguments(args)
+    check_arguments(args, "test")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -136,7 +140,7 @@ def test_every_flag_and_value_against_the_table(case):
 @pytest.mark.parametrize("case", CASES)
 def test_round_trip_through_the_command_line_loader(case):
     recipe, layout = case()
-    args = megatron_arguments(recipe, layout, SETTINGS)
+    args = argv(recipe, layout)
     # torchrun's process count gives the loader the world size, hence DP.
     world = str(recipe.parallel.world_size)
     text = shlex.join(["torchrun", "--nproc_per_node", world, "pretrain_gpt.py", *args])
@@ -177,7 +181,7 @@ def test_moe_layer_freq_int_or_list_expression(freq, expected):
     model = {"num_layers": 8, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 128}
     model |= {"vocab_size": 1000, "num_experts": 4, "moe_layer_freq": freq}
     recipe = build_recipe(model, source="test")
-    args = megatron_arguments(recipe, None, SETTINGS)
+    args = argv(recipe, None)
     assert value(args, "--moe-layer-freq") == expected
     loaded = load_megatron_command_line(shlex.join(["pretrain_gpt.py", *args]))
     assert loaded.model.moe_layer_pattern == recipe.model.moe_layer_pattern
@@ -200,7 +204,7 @@ def test_training_flags_for_a_mock_data_profile_run():
 def test_layout_string_verbatim_and_parses_back():
     recipe, _ = handbook()
     layout = Layout.parse("Ett|tt|tt|tt|tt|tt|tt|ttmL", 4)
-    args = megatron_arguments(with_parallel(recipe, vpp=2), layout, SETTINGS)
+    args = argv(with_parallel(recipe, vpp=2), layout)
     assert value(args, LAYOUT_FLAG) == str(layout)
     assert Layout.parse(value(args, LAYOUT_FLAG), 4) == layout
     for split in ("--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers"):
@@ -224,17 +228,21 @@ def test_vpp_without_layout_uses_virtual_stages():
 def test_layout_for_other_sizes_or_rejected_by_megatron(text, pp, vpp, message):
     recipe, _ = handbook()
     with pytest.raises(ConfigError, match=re.escape(message)):
-        megatron_arguments(recipe, Layout.parse(text, pp), SETTINGS)
+        argv(recipe, Layout.parse(text, pp))
 
 
-def test_extra_args_pass_through_and_the_last_value_wins():
-    extra = ("--train-iters", "50", "--moe-grouped-gemm", "--num-layers", "8")
+def test_the_users_flags_pass_through_and_the_tuners_replace_theirs():
+    extra = ("--train-iters", "50", "--moe-grouped-gemm", "--lr", "3e-4", "--save", "/ckpt")
     recipe, _ = handbook()
-    args = megatron_arguments(recipe, None, SETTINGS, extra)
-    assert args[-len(extra) :] == list(extra)
-    assert values(args, "--train-iters") == ["20", "50"]
-    # The loader follows argparse: the user's --num-layers replaces the recipe's.
-    assert load_megatron_command_line(shlex.join(["pretrain_gpt.py", *args])).model.num_layers == 8
+    merged = megatron_arguments(replace(recipe, megatron_args=extra), None, SETTINGS)
+    args = list(merged.argv)
+    assert values(args, "--train-iters") == ["20"]  # the tuner's iterations
+    assert values(args, "--lr") == ["3e-4"] and values(args, "--moe-grouped-gemm") == [""]
+    assert values(args, "--save") == []
+    assert merged.notes == (
+        "replaced --train-iters 50 with 20",
+        "removed --save /ckpt (checkpoint: the tuner's)",
+    )
 
 
 def test_unknown_extra_flag_is_named():
@@ -242,12 +250,15 @@ def test_unknown_extra_flag_is_named():
         arguments(handbook, ("--moe-grouped-gem",))
 
 
-def test_extra_split_flags_clash_with_a_layout():
-    extra = ("--decoder-first-pipeline-num-layers", "3", "--account-for-loss-in-pipeline-split")
-    with pytest.raises(ConfigError, match="--decoder-first-pipeline-num-layers, --account-for"):
-        arguments(handbook, extra)
+def test_the_users_split_flags_give_way_to_a_layout_and_stay_without_one():
+    extra = ("--decoder-first-pipeline-num-layers", "3", "--decoder-last-pipeline-num-layers", "5")
+    args = arguments(handbook, extra)
+    assert values(args, "--decoder-first-pipeline-num-layers") == []
+    assert value(args, LAYOUT_FLAG) == "Et*5|t*6|t*5|mL"
     recipe, _ = handbook()
-    megatron_arguments(recipe, None, SETTINGS, extra)  # Megatron's own split: allowed
+    args = argv(replace(recipe, megatron_args=extra), None)  # Megatron's own split: theirs
+    assert value(args, "--decoder-first-pipeline-num-layers") == "3"
+    assert values(args, LAYOUT_FLAG) == []
 
 
 @pytest.mark.parametrize(
@@ -267,7 +278,7 @@ def test_extra_split_flags_clash_with_a_layout():
 )
 def test_check_arguments_errors(args, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        check_arguments(args)
+        check_arguments(args, "test")
 
 
 def test_check_arguments_follows_argparse():
@@ -285,7 +296,8 @@ def test_check_arguments_follows_argparse():
             "16",
             "1000",
             "--no-rl-use-sequence-packing",
-        ]
+        ],
+        "test",
     )
 
 
@@ -294,7 +306,7 @@ def test_profile_settings():
         ProfileSettings(train_iters=0)
     recipe, layout = handbook()
     with pytest.raises(ConfigError, match="--timing-log-option must be one of max, minmax, all"):
-        megatron_arguments(recipe, layout, ProfileSettings(timing_log_option="sum"))
+        argv(recipe, layout, ProfileSettings(timing_log_option="sum"))
 
 
 def test_megatron_command(tmp_path):

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from launchers.megatron import ARGUMENTS_SOURCE, check_arguments
+from launchers.megatron import ARGUMENTS_SOURCE
 from ray_layout.errors import ConfigError
 from ray_layout.model.baselines import megatron_default
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.megatron_args import (
+    check_arguments,
     load_megatron_command_line,
     megatron_flag_table,
     parse_flags,
@@ -56,7 +57,9 @@ class RunConfig:
 
 def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
     """Parse ``argv`` as Megatron would (one-line :class:`ConfigError` or :class:`LayoutError`)."""
-    check_arguments(argv)  # strict, as Megatron's argparse: a stray word is an error too
+    check_arguments(
+        argv, ARGUMENTS_SOURCE
+    )  # strict, as Megatron's argparse: a stray word is an error too
     flags = parse_flags(argv, ARGUMENTS_SOURCE)
     table = megatron_flag_table()
 

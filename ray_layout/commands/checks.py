@@ -24,6 +24,7 @@ MAX_MICROBATCHES = 16_384
 MAX_SCHEDULE_SLOTS = 16_384  # PP x VPP x micro-batches: forward passes one step simulates
 MAX_SAMPLES = 100_000  # Monte Carlo samples of a step
 MAX_SAMPLED_PASSES = 2**20  # samples x PP x VPP x micro-batches: about 1 GiB of Monte Carlo
+MAX_LAYER_PLACEMENTS = 16_384  # decoder layers x PP x VPP a search places (1,024 x 64 took 14 GiB)
 MAX_LISTED = 10_000  # layouts one `layouts` call prints
 MAX_ITERATIONS = 1_000_000
 MAX_TASKS = 1_024  # Ray tasks, or nodes of an embedded cluster, a command starts

@@ -19,7 +19,6 @@ from ray_layout.errors import EXIT_BAD_INPUT, RayLayoutError
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.spec import MAX_DIMENSION, MAX_PARALLEL_SIZE, Recipe, with_parallel
 
-FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed by --costs flops
 CONFIG_HELP = "model config: project YAML/JSON, HF config.json, or Megatron launch script"
 PARALLEL = "parallel sizes (override the config's)"
 

@@ -9,6 +9,7 @@ from ray_layout.commands.common import Command, OneLineErrorParser, execute
 from ray_layout.commands.flags import add_flags
 from ray_layout.commands.layouts import LAYOUTS
 from ray_layout.commands.measure import FIT, INGEST, PROFILE_LAYOUTS
+from ray_layout.commands.megatron_command import MEGATRON_COMMAND
 from ray_layout.commands.plan import PLAN
 from ray_layout.commands.profile import PROFILE
 from ray_layout.commands.simulate import SIMULATE
@@ -17,6 +18,7 @@ from ray_layout.commands.validate import VALIDATE
 
 COMMANDS: tuple[Command, ...] = (
     SIZE, LAYOUTS, VALIDATE, PLAN, PROFILE_LAYOUTS, INGEST, FIT, PROFILE, SIMULATE,
+    MEGATRON_COMMAND,
 )  # fmt: skip
 
 

@@ -20,11 +20,17 @@ from ray_layout.commands.checks import (
     new_file,
     plain_name,
 )
-from ray_layout.commands.common import FLOPS_TFLOPS, Command, ModelSettings, emit, json_flag
+from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import option
-from ray_layout.commands.searching import hbm_flag, microbatch_count, microbatches_flag, unit_costs
+from ray_layout.commands.searching import (
+    check_search_size,
+    hbm_flag,
+    microbatch_count,
+    microbatches_flag,
+    unit_costs,
+)
 from ray_layout.errors import ConfigError
-from ray_layout.measure.design import PAIR, profile_design
+from ray_layout.measure.design import profile_design
 from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.ingest import (
     LoggedRun,
@@ -36,7 +42,7 @@ from ray_layout.measure.ingest import (
 )
 from ray_layout.measure.observations import RunObservation
 from ray_layout.measure.store import CostStore
-from ray_layout.model.costs import costs_from_flops, save_costs
+from ray_layout.model.costs import FLOPS_TFLOPS, costs_from_flops, save_costs
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
 
 RUN_METAVAR = "LAYOUT=PATH"
@@ -61,8 +67,9 @@ class ProfileLayoutsSettings(ModelSettings):
 
 def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> None:
     recipe = settings.recipe()
+    check_search_size(recipe)
     guess = (
-        unit_costs(settings.costs, recipe)
+        unit_costs(settings.costs, recipe, allow_mismatch=True)  # it only orders the runs
         if settings.costs
         else costs_from_flops(recipe.model, recipe.parallel, FLOPS_TFLOPS)
     )
@@ -83,7 +90,8 @@ def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> N
         )
     ]
     report = {"units": list(design.columns), "rank": design.rank,
-              "condition_number": design.condition, "runs": runs}  # fmt: skip
+              "condition_number": design.condition, "runs": runs,
+              "unidentified": list(design.unidentified)}  # fmt: skip
     emit(report, settings.as_json, _print_profile_layouts, console)
 
 
@@ -101,8 +109,8 @@ def _print_profile_layouts(report: dict[str, Any], console: Console) -> None:
             highlight=False, markup=False,
         )  # fmt: skip
         console.print("    " + shlex.join(run["megatron_flags"]), highlight=False, markup=False)
-    if PAIR in units:
-        console.print("m and L stay together in these runs; --standalone-mtp measures them apart")
+    for line in report["unidentified"]:
+        console.print(line, highlight=False, markup=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +168,9 @@ class FitSettings(ModelSettings):
     )
     output: str = option(names=["-o", "--output"], help="COSTS.json to write",
                          checks=[new_file()])  # fmt: skip
+    accept_residuals: bool = option(
+        False, help="write the costs even where they miss a stage's timers by over the bound"
+    )
     as_json: bool = json_flag()
 
     def __post_init__(self) -> None:
@@ -190,7 +201,9 @@ def run_fit(settings: FitSettings, console: Console) -> None:
     else:
         observations, notes = _observations_from_logs(settings, recipe)
     result = fit_costs(recipe.model, recipe.parallel, observations,
-                       gpus_per_node=settings.gpus_per_node)  # fmt: skip
+                       gpus_per_node=settings.gpus_per_node,
+                       accept_residuals=settings.accept_residuals,
+                       explicit=frozenset(settings.parallel.sizes_given()))  # fmt: skip
     save_costs(result.costs, settings.output)
     if settings.store:
         record_fit(store, settings.study, result, [o.name for o in observations])
@@ -202,6 +215,7 @@ def run_fit(settings: FitSettings, console: Console) -> None:
         "jitter_cv": dict(result.costs.jitter_cv),
         "residuals": result.residuals,
         "warnings": list(result.warnings),
+        "suggested_layouts": dict(result.suggested_layouts),
         "notes": notes,
     }
     emit(report, settings.as_json, partial(_print_fit, runs=len(observations)), console)
@@ -221,6 +235,8 @@ def _print_fit(report: dict[str, Any], console: Console, runs: int) -> None:
                       highlight=False, markup=False)  # fmt: skip
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", highlight=False, markup=False)
+    for name, layout in report["suggested_layouts"].items():
+        console.print(f"{name}: its timers suggest layout {layout}", highlight=False, markup=False)
     for note in report["notes"]:
         console.print(f"note: {note}", highlight=False, markup=False)
     console.print(f"wrote {report['output']}", highlight=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -12,10 +14,18 @@ from rich.table import Table
 from ray_layout.commands.checks import MAX_TASKS, at_least, between, comma_integers, each, reachable
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import option
-from ray_layout.commands.searching import SearchFlags, candidate_row, search_spec, unit_costs
-from ray_layout.errors import InputError
+from ray_layout.commands.searching import (
+    SearchFlags,
+    candidate_row,
+    check_search_size,
+    search_spec,
+    unchecked_memory_note,
+    unit_costs,
+)
+from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe, check_pipeline_stages
+from ray_layout.runtime.sharding import ray_map_shards
 from search.planner import Plan, PlanOptions, SearchSpec, plan
 
 
@@ -40,8 +50,9 @@ class PlanSettings(ModelSettings):
 
 def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any]:
     rows = []
-    for c in result.candidates:
-        row = candidate_row(c)
+    ties = result.ties or (1,) * len(result.candidates)
+    for c, tied in zip(result.candidates, ties, strict=True):
+        row = candidate_row(c) | {"ties": tied}
         row["speedup_vs_default"] = result.speedup(c, "Megatron default")
         row["speedup_vs_count_based"] = result.speedup(c, "count-based rule")
         rows.append(row)
@@ -59,6 +70,10 @@ def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any
         "proven_bound_ms": result.proven_bound_ms,
         "search_complete": result.complete,
         "search_nodes": result.nodes,
+        "bound_reason": result.bound_reason,
+        "smallest_peak_gib": None
+        if math.isinf(result.smallest_peak_gib)
+        else result.smallest_peak_gib,
         "candidates": rows,
         "baselines": [
             {"name": b.name, "reason": b.reason}
@@ -66,6 +81,9 @@ def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any
             for b in result.baselines
         ],
     }
+
+
+_SHORT = {"Megatron default": "default", "count-based rule": "count-based"}  # row labels
 
 
 def _speedup(value: float | None) -> str:
@@ -85,16 +103,21 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
         title=f"{report['model']}: PP={report['pp']} VPP={report['vpp']}, "
         f"{report['micro_batches']} micro-batches"
     )
-    for column in ("#", "layout", "mean ms", "p90 ms", "bottleneck", "near", "peak GiB",
-                   "vs default", "vs count"):  # fmt: skip
-        # a long layout folds onto a second line rather than squeeze the figures beside it
-        table.add_column(column, justify="left" if column == "layout" else "right",
-                         no_wrap=column != "layout", overflow="fold")  # fmt: skip
+    rows = [*report["candidates"], *(b for b in report["baselines"] if "layout" in b)]
+    # a layout up to 40 characters keeps its line; a longer one folds rather than squeeze the
+    # figures beside it
+    widest = min(max((len(row["layout"]) for row in rows), default=6), 40)
+    for column in ("#", "layout", "ties", "mean ms", "p90 ms", "slowest", "near",
+                   "peak GiB", "vs default", "vs count"):  # fmt: skip
+        layout = column == "layout"
+        table.add_column(column, justify="left" if layout else "right", no_wrap=not layout,
+                         overflow="fold", min_width=widest if layout else None)  # fmt: skip
 
     def add(label: str, row: dict[str, Any], vs_default: str, vs_count: str) -> None:
         table.add_row(
             label,
             row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else ""),
+            f"{row.get('ties', 1):,}",
             f"{row['mean_ms']:,.1f}",
             f"{row['p90_ms']:,.1f}",
             f"rank {row['bottleneck_rank']}",
@@ -110,18 +133,25 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
     table.add_section()
     for base in report["baselines"]:
         if "layout" in base:
-            add(base["name"], base, "", "")
+            add(_SHORT.get(base["name"], base["name"]), base, "", "")
     console.print(table)
     for base in report["baselines"]:
         if "layout" not in base:
             console.print(f"{base['name']}: none ({base['reason']})", highlight=False)
     console.print(_searched(report), highlight=False)
+    tied = sum(row.get("ties", 1) - 1 for row in report["candidates"])
+    if tied:
+        console.print(
+            f"{tied:,} more layouts predict exactly a listed step (column ties); each row shows "
+            "the one with the fewest critical stages, then the most memory headroom, then the "
+            "shortest string",
+            highlight=False,
+            soft_wrap=True,
+        )
     if report["candidates"]:
         best = report["candidates"][0]["layout"]
         flags = f'--pipeline-model-parallel-layout "{best}"'
         console.print(f"flag to paste: {flags}", highlight=False, markup=False)
-    else:
-        console.print("no layout fits: raise --hbm-gb or add parallelism", highlight=False)
 
 
 def _searched(report: dict[str, Any]) -> str:
@@ -139,14 +169,17 @@ def _searched(report: dict[str, Any]) -> str:
         if report["search_complete"]:
             searched += f"proven: every layout not listed takes >= {bound:,.1f} ms"
         else:
-            searched += f"node budget spent: no layout is faster than {bound:,.1f} ms"
+            searched += f"search budget spent: no layout is faster than {bound:,.1f} ms"
             if report["candidates"]:
                 gap = 1 - bound / report["candidates"][0]["noise_free_ms"]
                 searched += f", so the pick is within {max(gap, 0):.1%} of the optimum"
+            if report.get("bound_reason"):
+                searched += f" ({report['bound_reason']})"
     return searched
 
 
 def _search(settings: PlanSettings, recipe: Recipe) -> tuple[SearchSpec, PlanOptions]:
+    check_search_size(recipe)
     return search_spec(
         recipe, settings.search, top=settings.top, shards=settings.shards,
         allow_standalone_mtp=settings.allow_standalone_mtp,
@@ -157,11 +190,18 @@ def _search(settings: PlanSettings, recipe: Recipe) -> tuple[SearchSpec, PlanOpt
 def _planned(
     settings: PlanSettings, recipe: Recipe, costs: UnitCosts, spec: SearchSpec, options: PlanOptions
 ) -> dict[str, Any]:
-    if spec.shards > 1:
-        # THE place the search gets Ray (--shards > 1): today a Ray session that the planner's
-        # shards join; where the planner takes a `map_shards`, the Ray-backed mapper goes here
+    map_shards = None
+    if spec.shards > 1:  # the one place the search gets Ray: its shards become Ray tasks
         _start_ray(settings.ray_address, spec.shards)
-    return plan_report(recipe, plan(recipe.model, recipe.parallel, costs, spec, options), spec)
+        map_shards = ray_map_shards
+    found = plan(recipe.model, recipe.parallel, costs, spec, options, progress=_progress,
+                 map_shards=map_shards)  # fmt: skip
+    return plan_report(recipe, found, spec)
+
+
+def _progress(line: str) -> None:
+    """A long search's progress, on stderr so that --json output stays one document."""
+    print(f"plan: {line}", file=sys.stderr, flush=True)
 
 
 def _sweep_vpp(settings: PlanSettings, recipe: Recipe, costs: UnitCosts) -> dict[str, Any]:
@@ -199,7 +239,7 @@ def _print_sweep(report: dict[str, Any], console: Console, title: str) -> None:
 
 def run_plan(settings: PlanSettings, console: Console) -> None:
     recipe = settings.recipe()
-    costs = unit_costs(settings.search.costs, recipe)
+    costs = unit_costs(settings.search.costs, recipe, settings.search.allow_cost_mismatch)
     if settings.sweep_vpp:
         title = f"{recipe.model.name}: PP={recipe.parallel.pp}, VPP sweep"
         show = partial(_print_sweep, title=title)
@@ -207,6 +247,25 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
     else:
         report = _planned(settings, recipe, costs, *_search(settings, recipe))
         emit(report, settings.as_json, print_plan, console)
+        check_memory(report, settings.search.hbm_gb)
+
+
+def check_memory(report: dict[str, Any], hbm_gib: float | None) -> None:
+    """A pick is never shown as fitting when memory was not checked, nor a plan as done when
+    nothing fits."""
+    if hbm_gib is None and report["candidates"]:
+        print(unchecked_memory_note(report["candidates"][0]["memory_gib"]), file=sys.stderr)
+    elif hbm_gib is not None and not report["candidates"]:
+        smallest = report["smallest_peak_gib"]
+        found = (
+            f"the smallest peak of any layout scored is {smallest:,.1f} GiB"
+            if smallest
+            else ("no layout was scored")
+        )
+        raise ConfigError(
+            f"no layout fits in --hbm-gb {hbm_gib:g}: {found}; more EP or TP, activation "
+            "recompute, or a smaller micro-batch lowers it"
+        )
 
 
 def _start_ray(address: str | None, shards: int) -> None:

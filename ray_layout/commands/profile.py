@@ -19,12 +19,13 @@ from ray_layout.commands.checks import (
     positive,
     reachable,
 )
-from ray_layout.commands.common import FLOPS_TFLOPS, Command, ModelSettings, emit, json_flag
+from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import Settings, option
+from ray_layout.commands.searching import check_search_size
 from ray_layout.errors import ConfigError, RunFailure
 from ray_layout.measure.design import profile_design
 from ray_layout.measure.store import CostStore
-from ray_layout.model.costs import costs_from_flops
+from ray_layout.model.costs import FLOPS_TFLOPS, costs_from_flops
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.spec import MAX_PARALLEL_SIZE
 
@@ -96,6 +97,7 @@ def _layouts(settings: ProfileSettings, recipe) -> list[Layout]:
     """The given layouts, else the profile design's (FLOP-guessed costs rank its runs)."""
     model, parallel = recipe.model, recipe.parallel
     if not settings.layout:
+        check_search_size(recipe)
         guess = costs_from_flops(model, parallel, FLOPS_TFLOPS)
         microbatches = parallel.num_microbatches_or_none or 8
         return list(profile_design(model, parallel, microbatches, guess).layouts)

@@ -4,10 +4,12 @@ the micro-batch count, and the search's own settings."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ray_layout.commands.checks import (
+    MAX_LAYER_PLACEMENTS,
     MAX_MICROBATCHES,
     MAX_SAMPLED_PASSES,
     MAX_SAMPLES,
@@ -18,10 +20,15 @@ from ray_layout.commands.checks import (
     finite,
     positive,
 )
-from ray_layout.commands.common import FLOPS_TFLOPS
 from ray_layout.commands.flags import Settings, option
 from ray_layout.errors import ConfigError
-from ray_layout.model.costs import UnitCosts, costs_from_flops, load_costs
+from ray_layout.model.costs import (
+    FLOPS_TFLOPS,
+    UnitCosts,
+    costs_from_flops,
+    load_costs,
+    provenance_mismatches,
+)
 from ray_layout.model.layout import check_interleaving
 from ray_layout.model.sizing import DECODER, DENSE_DECODER, MOE_DECODER
 from ray_layout.model.spec import Recipe
@@ -55,10 +62,16 @@ class SearchFlags(Settings):
     hbm_gb: float | None = hbm_flag()
     samples: int = option(256, help="Monte Carlo samples", checks=[between(1, MAX_SAMPLES)])
     seed: int = option(0, checks=[at_least(0)])
+    allow_cost_mismatch: bool = option(
+        False, help="use a COSTS.json measured on another model shape, with a warning"
+    )
 
 
-def unit_costs(costs: str, recipe: Recipe) -> UnitCosts:
-    """``--costs``: a COSTS.json, or costs derived from FLOPs (with a warning on stderr)."""
+def unit_costs(costs: str, recipe: Recipe, allow_mismatch: bool = False) -> UnitCosts:
+    """``--costs``: a COSTS.json, or costs derived from FLOPs (with a warning on stderr).
+
+    A COSTS.json measured on another shape (model, sequence, micro-batch, TP/CP/EP,
+    vocabulary) times other work: refused, or a warning where ``allow_mismatch``."""
     if costs == "flops":
         print(
             "warning: --costs flops derives unit costs from FLOPs at "
@@ -70,6 +83,11 @@ def unit_costs(costs: str, recipe: Recipe) -> UnitCosts:
     loaded = load_costs(costs)
     if problem := unusable_costs(loaded):
         raise ConfigError(f"{costs}: {problem}")
+    if mismatches := provenance_mismatches(loaded, recipe.model, recipe.parallel):
+        what = f"{costs} was measured on another shape: {'; '.join(mismatches)}"
+        if not allow_mismatch:
+            raise ConfigError(f"{what} (--allow-cost-mismatch uses it anyway)")
+        print(f"warning: {what}", file=sys.stderr)
     return loaded
 
 
@@ -131,6 +149,19 @@ def microbatch_count(recipe: Recipe, given: int | None, group_size: int | None =
     return microbatches
 
 
+def check_search_size(recipe: Recipe) -> None:
+    """The search's memory grows with the layers it places times the stages it places them on:
+    refuse a model and pipeline that would take gigabytes before it starts."""
+    layers, parallel = recipe.model.num_layers, recipe.parallel
+    placements = layers * parallel.pp * parallel.vpp
+    if placements > MAX_LAYER_PLACEMENTS:
+        raise ConfigError(
+            f"{layers:,} decoder layers x PP {parallel.pp} x VPP {parallel.vpp} = {placements:,} "
+            f"layer placements to search, more than {MAX_LAYER_PLACEMENTS:,}; search fewer "
+            "pipeline stages"
+        )
+
+
 def check_sampled_work(recipe: Recipe, microbatches: int, samples: int) -> None:
     """Monte Carlo holds every forward and backward pass of a step once per sample: refuse
     what would take gigabytes (memory grows about 1 KiB per sampled pass)."""
@@ -164,6 +195,22 @@ def search_spec(
     )
     options = PlanOptions(top=top, samples=flags.samples, seed=flags.seed, hbm_gib=flags.hbm_gb)
     return spec, options
+
+
+COMMON_GPUS_GIB = {"80 GiB (A100/H100)": 80, "141 GiB (H200)": 141, "192 GiB (B200)": 192}
+
+
+def unchecked_memory_note(memory_gib: Sequence[float]) -> str:
+    """What a user without --hbm-gb must know: nothing was filtered, and where the largest stage
+    would fit."""
+    rank = max(range(len(memory_gib)), key=memory_gib.__getitem__)
+    peak = memory_gib[rank]
+    fits = [name for name, gib in COMMON_GPUS_GIB.items() if peak <= gib]
+    where = f"fits {', '.join(fits)}" if fits else "fits none of 80, 141 or 192 GiB"
+    return (
+        f"memory not checked (no --hbm-gb): the largest stage needs {peak:,.1f} GiB "
+        f"(PP rank {rank}), which {where}"
+    )
 
 
 def candidate_row(c: Candidate) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,7 +12,13 @@ from rich.table import Table
 from ray_layout.commands.checks import new_file
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import argument, option
-from ray_layout.commands.searching import SearchFlags, candidate_row, search_spec, unit_costs
+from ray_layout.commands.searching import (
+    SearchFlags,
+    candidate_row,
+    search_spec,
+    unchecked_memory_note,
+    unit_costs,
+)
 from ray_layout.commands.validate import LAYOUT_HELP
 from ray_layout.model.layout import Layout, validate
 from ray_layout.report.plots import draw_timeline
@@ -37,7 +44,7 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
     layout = Layout.parse(settings.layout, recipe.parallel.pp)
     validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
     recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
-    costs = unit_costs(settings.search.costs, recipe)
+    costs = unit_costs(settings.search.costs, recipe, settings.search.allow_cost_mismatch)
     spec, options = search_spec(recipe, settings.search)
     result = simulate_given(layout, recipe.model, recipe.parallel, costs, spec, options)
     if settings.timeline:
@@ -75,6 +82,8 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
             console.print(f"timeline written to {settings.timeline}", highlight=False)
 
     emit(report, settings.as_json, show, console)
+    if settings.search.hbm_gb is None:
+        print(unchecked_memory_note(report["memory_gib"]), file=sys.stderr)
 
 
 SIMULATE = Command(

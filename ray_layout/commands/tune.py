@@ -34,7 +34,12 @@ from ray_layout.commands.checks import (
 from ray_layout.commands.common import Command, ModelSettings, command_parser, execute, json_flag
 from ray_layout.commands.flags import Settings, option
 from ray_layout.commands.profile import BackendFlags, seconds_flag
-from ray_layout.commands.searching import check_sampled_work, hbm_flag, microbatch_count
+from ray_layout.commands.searching import (
+    check_sampled_work,
+    check_search_size,
+    hbm_flag,
+    microbatch_count,
+)
 from ray_layout.driver.settings import TuneSettings, study_id
 from ray_layout.driver.tune import run_tune
 from ray_layout.errors import EXIT_INTERRUPTED, ConfigError
@@ -182,6 +187,7 @@ def _checked_recipe(flags: TuneFlags) -> Recipe:
     if microbatches is None:
         raise ConfigError("the number of micro-batches is unknown: give --global-batch-size")
     microbatch_count(recipe, microbatches)
+    check_search_size(recipe)
     check_sampled_work(recipe, microbatches, flags.samples)
     return recipe
 

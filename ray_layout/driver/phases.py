@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from launchers.megatron import ProfileSettings
+from launchers.emulated.profile import load_profile
+from launchers.megatron import ProfileSettings, megatron_arguments
 from ray_layout.ab.live import (
     ABOutcome,
     Arm,
@@ -31,9 +32,17 @@ from ray_layout.measure.ingest import observations_from_store, record_fit
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import UnitCosts, costs_from_flops
 from ray_layout.model.layout import Layout
+from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import FINISHED, STOPPED
-from ray_layout.runtime.profiling import LayoutRun, ProfiledRun, RunOptions, run_layouts
+from ray_layout.runtime.profiling import (
+    EMULATED,
+    Backend,
+    LayoutRun,
+    ProfiledRun,
+    RunOptions,
+    run_layouts,
+)
 from search.planner import Plan, PlanOptions, SearchSpec, plan
 from search.ranking import Candidate
 from search.space import LayoutSpace
@@ -72,6 +81,8 @@ def profile(
         heartbeat_s=settings.heartbeat_s,
         max_parallel=settings.runs_at_once,
     )
+    for note in megatron_arguments(recipe, design.layouts[0], options.settings).notes:
+        phases.say(f"your Megatron flags: {note}")  # once: every run replaces the same ones
     with phases.bars() as bars:
         tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
         runs = [LayoutRun(layout, watch=bars.watch(task))
@@ -88,11 +99,16 @@ def profile(
     failed = [run for run in done if run.ingested is None]
     if failed:
         first = failed[0].result
+        why = failed[0].not_ingested or f"{first.failure_class}: {first.error}"
         raise RunFailure(
-            f"profiling run {failed[0].layout} {first.status} "
-            f"({first.failure_class}: {first.error}); logs under {settings.log_dir}"
+            f"profiling run {failed[0].layout} {first.status} ({why}){_logs(settings)}"
         )
     return done
+
+
+def _logs(settings: TuneSettings) -> str:
+    """Where the ranks' raw logs are, for a message that asks the user to look."""
+    return f"; logs under {settings.log_dir}" if settings.log_dir else ""
 
 
 def fit(
@@ -116,8 +132,7 @@ def first_fit(
     try:
         return fit(recipe, store, settings.study, run_ids, settings.gpus_per_node)
     except MeasurementError as exc:
-        raise RunFailure(f"the profiling runs cannot be fitted: {exc}; logs under "
-                         f"{settings.log_dir}") from exc  # fmt: skip
+        raise RunFailure(f"the profiling runs cannot be fitted: {exc}{_logs(settings)}") from exc
 
 
 def search(recipe: Recipe, costs: UnitCosts, settings: TuneSettings, cpus: int = 1) -> Searched:
@@ -276,3 +291,31 @@ def cluster_gpus() -> int:
     import ray
 
     return int(ray.cluster_resources().get("GPU", 0))
+
+
+PROBE_TIMEOUT_S = 300.0  # a probe waits for a free GPU; the cluster is idle before profiling
+
+
+def cluster_hbm_gib(backend: Backend) -> tuple[float, str]:
+    """The GPU memory the search must fit layouts in, taken from the cluster, never assumed:
+    the emulated GPUs' from their hardware profile, a real GPU's by a probe on one worker.
+    Returns (GiB, where it came from); raises :class:`RunFailure` when no GPU answers."""
+    if backend.name == EMULATED:
+        return load_profile(backend.hardware_profile).hbm_gib, backend.hardware_profile.name
+    import ray
+
+    probe = ray.remote(num_gpus=1, num_cpus=0)(_gpu_memory_gib)
+    try:
+        return ray.get(probe.remote(), timeout=PROBE_TIMEOUT_S), "a GPU probed on a worker"
+    except Exception as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise RunFailure(
+            f"cannot read the GPUs' memory on the cluster ({detail}); give --hbm-gb"
+        ) from None
+
+
+def _gpu_memory_gib() -> float:
+    """Runs on a worker with one GPU: its total memory in GiB."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / GIB

@@ -7,6 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from launchers.megatron_flags import cost_flags
 from ray_layout.ab.stats import ABConfig
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.profiling import Backend
@@ -21,7 +22,7 @@ class TuneSettings:
     backend: Backend
     store: Path
     study: str
-    log_dir: Path
+    log_dir: Path | None  # where the ranks' raw logs are also written; None: only the store
     report_dir: Path
     gpus_per_node: int
     ab: ABConfig
@@ -37,7 +38,12 @@ class TuneSettings:
 
 
 def study_id(recipe: Recipe, backend: Backend) -> str:
-    """A readable id that changes with anything that changes the measurements."""
+    """A readable id that changes with anything that changes the measurements: the user's
+    precision, recompute, fp8, attention backend, router dtype and overlap flags included, so a
+    changed flag is a new study rather than a stale resume."""
     text = repr((recipe.model, recipe.parallel, backend.name, backend.hardware))
+    flags = cost_flags(recipe.megatron_args)
+    if flags:
+        text += repr(flags)
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     return f"{recipe.model.name}-pp{recipe.parallel.pp}-{digest}"

@@ -128,7 +128,7 @@ def profile_gpu_seconds(store: CostStore, study: str, profiled: Sequence[Profile
         row = runs[runs.run_id == run.result.run_id]
         if len(row):
             wall = float(row.finished_at.iloc[-1] - row.started_at.iloc[-1])
-            seconds += wall * len(run.result.log_paths)
+            seconds += wall * len(run.result.returncodes)  # one GPU per rank
     return seconds
 
 

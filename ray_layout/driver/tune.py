@@ -14,6 +14,7 @@ finished profiling runs and A/B arms are read back, not run again.  Ctrl-C (or S
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -24,6 +25,7 @@ from ray_layout.driver.phases import (
     choose_arms,
     cluster_cpus,
     cluster_gpus,
+    cluster_hbm_gib,
     first_fit,
     profile,
     refit,
@@ -56,6 +58,10 @@ def run_tune(
     model, parallel = recipe.model, recipe.parallel
     with phases.phase("size", f"{model.name} on PP={parallel.pp} VPP={parallel.vpp}"):
         phases.say(_size_line(recipe, settings.study))
+        if settings.hbm_gib is None:  # never assumed: a layout must fit the cluster's GPUs
+            hbm_gib, where = cluster_hbm_gib(settings.backend)
+            settings = replace(settings, hbm_gib=hbm_gib)
+            phases.say(f"GPU memory {hbm_gib:,.1f} GiB, from {where} (--hbm-gb sets it)")
     with phases.phase("profile", f"profiling runs on the {settings.backend.name} backend"):
         profiled = profile(recipe, settings, store, phases, cancel)
     with phases.phase("fit", "per-unit costs from every rank's timers"):

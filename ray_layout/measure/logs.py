@@ -71,7 +71,7 @@ _EXCERPT_CHARS = 80
 _NUMBER = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf))"
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-_RAY_DEDUP = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+_RAY_DEDUP = re.compile(r"\[repeated \d+x across cluster\]\s*$")
 # What launchers, loggers and log collectors put in front of a line, stripped one at a time.
 _PREFIX = re.compile(
     r"""\s*(?:
@@ -400,7 +400,10 @@ def parse_iteration_line(raw: str) -> IterationRecord | None:
 
 def _content(raw: str) -> str:
     """The line as its writer printed it: launcher, time and logging prefixes taken off."""
-    line = _RAY_DEDUP.sub("", raw)
+    # found from its bracket, then the blanks before it trimmed: a leading \s* would rescan
+    # every run of blanks from each of its positions (quadratic on a blank-heavy line)
+    dedup = _RAY_DEDUP.search(raw)
+    line = raw[: dedup.start()].rstrip() if dedup else raw
     while match := _PREFIX.match(line):
         line = line[match.end() :]
     return line

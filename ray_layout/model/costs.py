@@ -44,6 +44,8 @@ UNITS = (EMBEDDING, DECODER, DENSE_DECODER, MOE_DECODER, MTP, LOSS)
 # writes the state back and the bf16 weight.
 ADAM_BYTES_MOVED = GRAD_BYTES + 2 * OPTIMIZER_BYTES + WEIGHT_BYTES
 
+FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed when costs come from FLOPs
+
 
 @dataclass(frozen=True)
 class UnitCosts:
@@ -219,7 +221,7 @@ def provenance_mismatches(
 def costs_from_flops(
     model: ModelSpec,
     parallel: ParallelConfig,
-    tflops_per_gpu: float = 400.0,
+    tflops_per_gpu: float = FLOPS_TFLOPS,
     *,
     intra_node_gb_per_s: float = 150.0,
     inter_node_gb_per_s: float = 25.0,

@@ -19,7 +19,7 @@ import math
 import re
 import shlex
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -104,8 +104,14 @@ def load_megatron_script(path: str | Path) -> Recipe:
 
 
 def _load(text: str, source: str, name: str) -> Recipe:
+    """The recipe, carrying the script's flags as the user's own (``Recipe.megatron_args``):
+    a profiling run is the user's job, shell words no flag takes left out."""
     launcher, arguments = _split_at_script(_commands(_shell_tokens(text, source), source))
-    return _recipe(parse_flags(arguments, source), _world_size(launcher, source), name, source)
+    recipe = _recipe(parse_flags(arguments, source), _world_size(launcher, source), name, source)
+    flags = [
+        w for use in walk_flags(arguments, source, strict=False) for w in (use.flag, *use.values)
+    ]
+    return replace(recipe, megatron_args=tuple(flags))
 
 
 def _shell_tokens(text: str, source: str) -> list[str]:
@@ -327,6 +333,16 @@ def typed_value(use: FlagUse, text: str, source: str) -> Any:
     return value
 
 
+def check_arguments(args: Sequence[str], source: str) -> None:
+    """Walk ``args`` as Megatron's argparse would and raise :class:`ConfigError` at the first
+    unknown flag, stray word, wrong number of values, value of the wrong type or value outside
+    the flag's choices.  Values of Megatron's own converters (``--moe-layer-freq``, enums, ...)
+    are not in the flag table and are not checked."""
+    for use in walk_flags(args, source, strict=True):
+        for text in use.values:
+            typed_value(use, text, source)
+
+
 def parse_flags(words: Sequence[str], source: str) -> dict[str, Any]:
     """Megatron's argparse over a script's arguments: dest -> typed value, the last one winning.
 
@@ -378,7 +394,7 @@ def _world_size(launcher: list[str], source: str) -> int | None:
             text = inline if has_inline else (launcher[i + 1] if i + 1 < len(launcher) else "")
             if reference := _leftover(text):
                 raise _unresolved(source, flag, reference)
-            size = int(text) if text.isascii() and text.isdigit() else 0
+            size = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else 0
             if size < 1:
                 raise ConfigError(
                     f"{source}: torchrun {flag} {text!r} is not a fixed count, so the world size "

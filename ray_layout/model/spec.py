@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -121,10 +121,12 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A model together with the parallel sizes its configuration asked for."""
+    """A model together with the parallel sizes its configuration asked for, and the user's own
+    Megatron flags (a launch script's, or ``megatron_args:``) that profiling runs pass on."""
 
     model: ModelSpec
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    megatron_args: tuple[str, ...] = ()
 
 
 MODEL_KEYS = (
@@ -431,7 +433,7 @@ def with_parallel(recipe: Recipe, **overrides: int | None) -> Recipe:
     """The recipe with some parallel sizes replaced (None leaves a size as it was)."""
     merged = {f.name: getattr(recipe.parallel, f.name) for f in fields(ParallelConfig)}
     merged.update({k: v for k, v in overrides.items() if v is not None})
-    return Recipe(recipe.model, build_parallel(recipe.model, merged, source="parallel sizes"))
+    return replace(recipe, parallel=build_parallel(recipe.model, merged, source="parallel sizes"))
 
 
 def read_mapping(path: Path, source: str) -> dict[str, Any]:
@@ -466,4 +468,16 @@ def load_recipe_file(path: str | Path) -> Recipe:
     if not isinstance(parallel, dict):
         raise ConfigError(f"{source}: 'parallel' must be a mapping")
     raw.setdefault("name", path.stem)
-    return build_recipe(raw, parallel, source=source)
+    megatron_args = megatron_args_of(raw.pop("megatron_args", None), source)
+    return replace(build_recipe(raw, parallel, source=source), megatron_args=megatron_args)
+
+
+def megatron_args_of(value: Any, source: str) -> tuple[str, ...]:
+    """A config's ``megatron_args:``: a list of words (flags and values) as on a command line."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(w, str | int | float) and not isinstance(w, bool) for w in value
+    ):
+        raise ConfigError(f"{source}: megatron_args must be a list of flags and values")
+    return tuple(str(word) for word in value)

@@ -1,10 +1,11 @@
 """One rank's process, owned by a Ray actor on the rank's GPU so that it dies with the actor.
 
 The process is a child of its actor (never detached), started with the actor's environment plus
-the rank's variables and unbuffered Python output (for timely heartbeats).  Its output goes line
-by line to its log file on the rank's node (use a shared file system to read the logs in one
-place) while the actor keeps the lines the driver asks about: the tail, the first line of each
-failure class and Megatron's iteration lines.
+the rank's variables and unbuffered Python output (for timely heartbeats).  The actor keeps its
+output in memory, never in a file: while it runs, the lines the driver asks about (the tail, the
+first line of each failure class, Megatron's iteration lines for live watching); at the end, the
+whole log parsed on this node (:meth:`RankProcess.finish`), returned through Ray, so the driver
+needs no shared file system.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
 
 import ray
 
 from ray_layout.errors import ConfigError
 from ray_layout.runtime.failures import ITERATION_LINE, MAX_LINE, RankStatus, failure_mark
+from ray_layout.runtime.outputs import RankOutput, rank_output
 
 _TAIL_LINES = 50
 
@@ -36,6 +36,8 @@ class RankProcess:
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._marks: dict[str, str] = {}
         self._iteration_lines: list[str] = []
+        self._lines: list[str] = []
+        self._name = "rank"
         self._started = self._last_beat = 0.0
         self._exited: float | None = None
         self._reader: threading.Thread | None = None
@@ -51,12 +53,11 @@ class RankProcess:
             sock.bind(("", 0))
             return sock.getsockname()[1]
 
-    def start(self, argv: list[str], env: Mapping[str, str], log_path: str) -> int:
+    def start(self, argv: list[str], env: Mapping[str, str], name: str) -> int:
         """Launch the rank with this worker's environment updated by ``env`` (and unbuffered
-        Python output, for timely heartbeats); its output streams to ``log_path``.  Returns its
-        pid."""
-        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - the reader thread closes it
+        Python output, for timely heartbeats); ``name`` (``<attempt>/rank-<r>``) names its log
+        in parse errors.  Returns its pid."""
+        self._name = name
         try:
             self._proc = subprocess.Popen(
                 argv,
@@ -68,10 +69,9 @@ class RankProcess:
                 errors="replace",
             )
         except OSError as exc:
-            log.close()
             raise ConfigError(f"cannot launch {argv[0]!r}: {exc.strerror}") from None
         self._started = self._last_beat = time.monotonic()
-        self._reader = threading.Thread(target=self._read, args=(log,), daemon=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         threading.Thread(target=self._wait, daemon=True).start()
         return self._proc.pid
@@ -112,13 +112,21 @@ class RankProcess:
             self._exited = self._exited or time.monotonic()
         return self.poll()
 
-    def _read(self, log: Any) -> None:
+    def finish(self, grace_s: float) -> RankOutput | None:
+        """Stop the rank (as :meth:`stop`) and return everything it printed, parsed here, on
+        its own node: a rank that died mid-run still returns what it logged before."""
+        if self.stop(grace_s) is None:
+            return None
+        with self._lock:
+            text = "".join(self._lines)
+        return rank_output(text, self._name)
+
+    def _read(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
-        with log:
-            for line in self._proc.stdout:
-                log.write(line)
-                log.flush()
-                self._see(line.rstrip("\n")[:MAX_LINE])
+        for line in self._proc.stdout:
+            with self._lock:
+                self._lines.append(line)
+            self._see(line.rstrip("\n")[:MAX_LINE])
 
     def _see(self, line: str) -> None:
         mark = failure_mark(line)

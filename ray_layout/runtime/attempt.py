@@ -4,8 +4,9 @@ One placement group per attempt (a bundle per node, STRICT_SPREAD), one actor pe
 node's bundle with ``max_restarts=0``, since a restarted rank cannot rejoin a NCCL communicator.
 The driver polls every rank; the attempt ends when all ranks exit 0, when one fails (its peers
 get a moment to print why they fail too), at the run's timeout or heartbeat, when the caller's
-watch stops it, or when the caller cancels it.  Every path stops the rank processes (SIGTERM,
-then SIGKILL), kills the actors and removes the placement group.
+watch stops it, or when the caller cancels it.  Then every rank's output, parsed on its node,
+comes back with the result through Ray (``RunResult.outputs``).  Every path stops the rank
+processes (SIGTERM, then SIGKILL), kills the actors and removes the placement group.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -30,6 +31,7 @@ from ray_layout.runtime.failures import (
     one_line,
     run_status,
 )
+from ray_layout.runtime.outputs import RankOutput
 from ray_layout.runtime.placement import (
     RankEnv,
     check_placement,
@@ -37,7 +39,7 @@ from ray_layout.runtime.placement import (
     node_bundles,
     rank_order,
 )
-from ray_layout.runtime.spec import RunResult, RunSpec, Watch, attempt_id, log_paths
+from ray_layout.runtime.spec import RunResult, RunSpec, Watch, attempt_id
 
 _POLL_S = 0.25  # how often the driver asks every rank for its progress
 _RPC_TIMEOUT_S = 30.0  # longest wait for one answer of a live actor
@@ -69,7 +71,7 @@ class _Attempt:
             status=run_status(failure_class),
             failure_class=failure_class,
             returncodes=[s.returncode for s in statuses] if statuses else [None] * world,
-            log_paths=log_paths(self.spec, self.run_id),
+            log_paths=[],
             attempts=self.number,
             error=error,
         )
@@ -189,7 +191,22 @@ def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) ->
     except GetTimeoutError:
         return attempt.result("timeout", f"rank actors did not start in {spec.timeout_s:g} s")
     ranks = _launch(attempt, slots, places, rank_env)
-    return _watch(attempt, ranks, deadline)
+    result = _watch(attempt, ranks, deadline)
+    return replace(result, outputs=_outputs(ranks, spec.stop_grace_s))
+
+
+def _outputs(ranks: list[Any], grace_s: float) -> tuple[RankOutput | None, ...]:
+    """Stop every rank and take back what it printed, parsed on its node (None for a rank
+    whose actor is gone or does not answer)."""
+    refs = [actor.finish.remote(grace_s) for actor in ranks]
+    ray.wait(refs, num_returns=len(refs), timeout=grace_s + _RPC_TIMEOUT_S)
+    outputs = []
+    for ref in refs:
+        try:
+            outputs.append(ray.get(ref, timeout=0))
+        except (RayActorError, GetTimeoutError):
+            outputs.append(None)
+    return tuple(outputs)
 
 
 def _launch(
@@ -207,14 +224,16 @@ def _launch(
     master_addr = places[slot_of[ordered[0]]][2]
     master_port = _get([ranks[0].free_port.remote()], _RPC_TIMEOUT_S, attempt.cancel)[0]
     launches = []
-    for rank, log_path in enumerate(log_paths(spec, attempt.run_id)):
+    for rank in range(world):
         gpu_ids = places[slot_of[ordered[rank]]][1]
         env = {
             **spec.env,
             **rank_env(rank, world, master_addr, master_port, gpu_ids),
             **device_env(ordered, rank),
         }
-        launches.append(ranks[rank].start.remote(spec.command, env, str(log_path)))
+        launches.append(
+            ranks[rank].start.remote(spec.command, env, f"{attempt.run_id}/rank-{rank}")
+        )
     _get(launches, _RPC_TIMEOUT_S, attempt.cancel)
     return ranks
 

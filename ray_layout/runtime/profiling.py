@@ -3,7 +3,9 @@
 One path for both backends: the same ``pretrain_gpt.py`` argument list
 (``launchers.megatron.megatron_arguments``) runs either Megatron-LM's script from a checkout or
 ``launchers.emulated_megatron`` with a hardware profile; ``ray_layout.runtime.runs`` places and
-watches the ranks; the last rank's log (the one Megatron prints the timers on) is ingested.
+watches the ranks.  Each rank's output comes back through Ray parsed on its node; the driver
+stores the run (the last rank's timers and iterations, every rank's memory lines) under an id
+digesting every rank's log, with the cluster run's attempt id as its ``source``.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from launchers.megatron import (
     megatron_command,
     rank_environment,
 )
-from ray_layout.errors import ConfigError
-from ray_layout.measure.ingest import Ingested, LoggedRun, ingest
+from ray_layout.errors import ConfigError, MeasurementError
+from ray_layout.measure.declared import check_log
+from ray_layout.measure.ingest import Ingested, run_rows
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import CANCELLED, FINISHED, STOPPED
+from ray_layout.runtime.outputs import run_log
 from ray_layout.runtime.runs import run_many
 from ray_layout.runtime.spec import (
     RunResult,
@@ -68,14 +72,10 @@ class Backend:
 
 
 def rank_command(
-    backend: Backend,
-    recipe: Recipe,
-    layout: Layout,
-    settings: ProfileSettings,
-    extra_args: Sequence[str] = (),
+    backend: Backend, recipe: Recipe, layout: Layout | None, settings: ProfileSettings
 ) -> tuple[list[str], dict[str, str]]:
     """The argv every rank runs and the environment the backend adds to it."""
-    arguments = megatron_arguments(recipe, layout, settings, extra_args)
+    arguments = list(megatron_arguments(recipe, layout, settings).argv)
     if backend.name == MEGATRON:
         return megatron_command(backend.python, backend.megatron_path, arguments), {}
     profile = backend.hardware_profile.resolve()
@@ -98,8 +98,9 @@ class LayoutRun:
 class ProfiledRun:
     layout: Layout
     result: RunResult
-    ingested: Ingested | None  # None when the run left no log to ingest
+    ingested: Ingested | None  # None when the run left nothing to store
     resumed: bool = False  # the store already held this run's outcome; nothing ran now
+    not_ingested: str | None = None  # why a finished or stopped run's output was not stored
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def run_layouts(
     backend: Backend,
     store: CostStore,
     study: str,
-    log_dir: Path,
+    log_dir: Path | None,
     options: RunOptions,
     cancel: threading.Event | None = None,
     on_resumed: Callable[[int, ProfiledRun], None] = lambda index, run: None,
@@ -190,7 +191,8 @@ def run_layouts(
 
 
 def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:
-    """The last attempt of this run the store holds, unless there is none or it was cancelled."""
+    """The last attempt of this run the store holds, unless there is none, it was cancelled, or
+    it ended with output to store that the store does not hold (run it again)."""
     rows = store.read("runs", study=spec.study)
     if rows.empty:
         return None
@@ -200,9 +202,11 @@ def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:
     if mine.empty:
         return None
     last = mine.sort_values("finished_at").iloc[-1]
-    if last.status == CANCELLED:
-        return None
     attempt = last.run_id
+    if last.status == CANCELLED or (
+        last.status in INGESTED_STATUSES and not (rows.source == attempt).any()
+    ):
+        return None
     return RunResult(
         run_id=attempt,
         status=last.status,
@@ -223,13 +227,20 @@ def _ingested(
     result: RunResult,
     resumed: bool = False,
 ) -> ProfiledRun:
-    """Ingest the last rank's log (Megatron prints the timers there); storing is idempotent."""
-    last_rank_log = result.log_paths[-1]
+    """Store what the ranks sent back (storing is idempotent); a resumed run is found by its
+    attempt id.  Output that cannot be stored leaves this run alone not ingested, with why."""
     if result.status not in INGESTED_STATUSES:
         return ProfiledRun(layout, result, None, resumed)
-    if last_rank_log.exists():
-        logged = LoggedRun(layout, last_rank_log, run_recipe.parallel)
-        return ProfiledRun(layout, result, ingest(store, recipe.model, [logged], study)[0], resumed)
-    rows = store.read("runs", study=study, source=str(last_rank_log))  # ingested, log since gone
-    found = None if rows.empty else Ingested(str(rows.run_id.iloc[-1]), False, 0, 0)
-    return ProfiledRun(layout, result, found, resumed)
+    if resumed:  # stored_outcome found the stored output under the attempt id
+        rows = store.read("runs", study=study, source=result.run_id)
+        return ProfiledRun(layout, result, Ingested(str(rows.run_id.iloc[-1]), False, 0, 0), True)
+    try:
+        text, parsed = run_log(result.outputs)
+        checked = check_log(parsed, layout, run_recipe.parallel, None, result.run_id)
+        row, tables = run_rows(recipe.model, checked, text, result.run_id, study)
+        stored = store.write_run(row, tables, study)
+    except (ConfigError, MeasurementError) as exc:
+        return ProfiledRun(layout, result, None, resumed, f"{result.run_id}: {exc}")
+    ingested = Ingested(row["run_id"], stored, len(tables["timers"]), parsed.skipped_lines,
+                        parsed.skipped_examples, checked.notes)  # fmt: skip
+    return ProfiledRun(layout, result, ingested, resumed)

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -20,6 +20,7 @@ import ray
 from ray_layout.measure.store import CostStore
 from ray_layout.runtime.attempt import run_attempt
 from ray_layout.runtime.failures import RETRIED
+from ray_layout.runtime.outputs import write_logs
 from ray_layout.runtime.placement import RankEnv, megatron_rank_env
 from ray_layout.runtime.spec import RunResult, RunSpec, Watch
 
@@ -42,13 +43,17 @@ def attempts(
     cancel: threading.Event | None = None,
 ) -> Iterator[Attempted]:
     """Every attempt of ``spec`` as it ends: a retried failure class is followed by another
-    attempt, up to ``spec.max_retries``; the last one yielded is the run's result."""
+    attempt, up to ``spec.max_retries``; the last one yielded is the run's result.  With a
+    ``log_dir`` the ranks' raw logs, sent back through Ray, are written there first."""
     if not ray.is_initialized():
         raise RuntimeError("connect to a Ray cluster first (ray.init(address=...))")
     cancel = cancel or threading.Event()
     for number in range(1, spec.max_retries + 2):
         started = time.time()
         result = run_attempt(spec, number, rank_env, watch, cancel)
+        if spec.log_dir is not None and result.outputs:
+            paths = write_logs(spec.log_dir / result.run_id, result.outputs)
+            result = replace(result, log_paths=paths)
         yield Attempted(result, started, time.time())
         if result.failure_class not in RETRIED or number > spec.max_retries:
             return

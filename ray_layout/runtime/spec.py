@@ -1,7 +1,9 @@
 """A run as the cluster shell takes it (:class:`RunSpec`) and gives it back (:class:`RunResult`).
 
 A run may take several attempts: the first attempt's id is the run id, retry n's is
-``<run id>-retry<n>``, and each attempt logs to ``log_dir/<attempt id>/rank-<r>.log``.
+``<run id>-retry<n>``.  Every rank's output comes back to the driver through Ray
+(``RunResult.outputs``); with a ``log_dir`` the driver also writes each attempt's raw logs to
+``log_dir/<attempt id>/rank-<r>.log``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.spec import ParallelConfig
+from ray_layout.runtime.outputs import RankOutput
 
 # Called at every poll with the attempt id and the iteration lines the last rank printed since
 # the previous call; a returned text stops the run early (class "early-stop") with it as reason.
@@ -39,7 +42,7 @@ class RunSpec:
     command: list[str]
     parallel: ParallelConfig
     gpus_per_node: int
-    log_dir: Path
+    log_dir: Path | None = None  # where the driver also writes the raw logs; None: nowhere
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 3600.0
     heartbeat_s: float = 900.0
@@ -69,7 +72,10 @@ class RunSpec:
 @dataclass(frozen=True)
 class RunResult:
     """How a run ended, after its retries.  Lists are by global rank, of the last attempt; a
-    return code is None for a rank still running when the run was stopped, or never launched."""
+    return code is None for a rank still running when the run was stopped, or never launched.
+    ``outputs`` holds what each rank printed (None: its actor was lost), empty when no rank was
+    launched or the result was read back from the store; ``log_paths`` where the driver wrote
+    the raw logs (empty without a ``log_dir``)."""
 
     run_id: str  # the last attempt's id
     status: str  # a status of ray_layout.runtime.failures
@@ -78,6 +84,7 @@ class RunResult:
     log_paths: list[Path]
     attempts: int
     error: str | None
+    outputs: tuple[RankOutput | None, ...] = ()
 
 
 def attempt_id(run_id: str, attempt: int) -> str:
@@ -91,6 +98,8 @@ def attempt_number(run_id: str, attempt: str) -> int:
 
 
 def log_paths(spec: RunSpec, attempt: str) -> list[Path]:
-    """Every rank's log file of one attempt, by global rank."""
+    """Every rank's log file of one attempt, by global rank (none without a ``log_dir``)."""
+    if spec.log_dir is None:
+        return []
     folder = spec.log_dir / attempt
     return [folder / f"rank-{rank}.log" for rank in range(spec.parallel.world_size)]

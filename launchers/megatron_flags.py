@@ -1,0 +1,177 @@
+"""The user's own Megatron flags in a profiling run: which go through, which the tuner owns.
+
+A profiling run must time the user's training job, so every flag of the user's command line
+(a launch script's ``pretrain_gpt.py`` arguments, or ``megatron_args:`` of a YAML/JSON/HF config)
+goes through unchanged, except the flags in :data:`TUNER_OWNED`: the layout and the split, the
+iterations, the data (mock data unless the user keeps theirs), checkpoints, evaluation, and logging
+and timers.  Those the tuner sets itself; so are the model shape and parallel sizes it writes from
+the recipe (read from the same flags, or overridden by ``--pp`` and friends).  Every replaced or
+removed flag is reported once, as a note (``replaced --train-iters 500000 with 30``).
+
+Flags are matched by their argparse ``dest``, so ``--no-x`` and aliases count as the same flag.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ray_layout.errors import ConfigError
+from ray_layout.model.megatron_args import FlagUse, megatron_flag_table, typed_value, walk_flags
+
+USER_SOURCE = "the user's Megatron flags"
+# What the tuner sets in every profiling run, whatever the user's command line says, by group.
+TUNER_OWNED: Mapping[str, tuple[str, ...]] = {
+    "layout and split": (
+        "--pipeline-model-parallel-layout",
+        "--decoder-first-pipeline-num-layers",
+        "--decoder-last-pipeline-num-layers",
+        "--num-layers-per-virtual-pipeline-stage",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--account-for-embedding-in-pipeline-split",
+        "--account-for-loss-in-pipeline-split",
+    ),
+    "iterations": (
+        "--train-iters", "--train-samples", "--lr-warmup-iters", "--lr-warmup-samples",
+        "--lr-warmup-fraction", "--lr-decay-iters", "--lr-decay-samples", "--lr-wsd-decay-iters",
+        "--lr-wsd-decay-samples", "--exit-interval", "--exit-duration-in-mins",
+        "--rampup-batch-size",
+    ),
+    "data": (
+        "--mock-data", "--data-path", "--train-data-path", "--valid-data-path",
+        "--test-data-path", "--split", "--data-cache-path", "--data-args-path",
+        "--per-split-data-args-path", "--tokenizer-type", "--tokenizer-model", "--vocab-file",
+        "--merge-file", "--vocab-size",
+    ),
+    "checkpoint": (
+        "--save", "--load", "--save-interval", "--pretrained-checkpoint", "--ckpt-format",
+        "--finetune", "--no-load-optim", "--no-load-rng", "--no-save-optim", "--no-save-rng",
+        "--use-checkpoint-args", "--auto-detect-ckpt-format", "--async-save",
+        "--non-persistent-save-interval", "--exit-on-missing-checkpoint", "--ckpt-step",
+        "--use-dist-ckpt", "--use-persistent-ckpt-worker",
+    ),
+    "eval": ("--eval-iters", "--eval-interval", "--skip-train", "--full-validation"),
+    "logging and timers": (
+        "--log-interval", "--timing-log-level", "--timing-log-option", "--log-throughput",
+        "--no-barrier-with-level-1-timing", "--tensorboard-dir", "--tensorboard-log-interval",
+        "--log-timers-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm",
+        "--log-num-zeros-in-grad", "--log-validation-ppl-to-tensorboard",
+        "--log-world-size-to-tensorboard", "--wandb-project", "--wandb-exp-name",
+        "--wandb-save-dir", "--logging-level", "--log-progress", "--record-memory-history",
+        "--profile", "--use-pytorch-profiler", "--profile-step-start", "--profile-step-end",
+        "--profile-ranks",
+    ),
+}  # fmt: skip
+DATA_GROUP = "data"
+# Flags that change what a unit costs: the study id (the resume key) includes them.
+_COST_FLAG = re.compile(
+    r"--(no-)?(bf16|fp16|fp8|fp4|first-last-layers-bf16|grad-reduce-in-bf16|recompute|"
+    r"moe-layer-recompute|attention-backend|moe-router-dtype|transformer-impl|moe-grouped-gemm|"
+    r"moe-token-dispatcher-type|use-precision-aware-optimizer)[-\w]*|--[-\w]*overlap[-\w]*"
+)
+
+
+@dataclass(frozen=True)
+class MergedArguments:
+    """A run's ``pretrain_gpt.py`` arguments and what became of the user's flags."""
+
+    argv: tuple[str, ...]
+    notes: tuple[str, ...]  # "replaced --train-iters 500000 with 30", "removed --save ..."
+
+
+def owned_dests(keep_data: bool) -> dict[str, str]:
+    """dest -> group of every flag the tuner owns (the data group only under mock data)."""
+    table = megatron_flag_table()
+    return {
+        table[flag]["dest"]: group
+        for group, flags in TUNER_OWNED.items()
+        if not (keep_data and group == DATA_GROUP)
+        for flag in flags
+    }
+
+
+def merge_arguments(
+    tuner: Sequence[str],
+    defaults: Sequence[str],
+    user: Sequence[str],
+    *,
+    keep_data: bool = False,
+    layout_given: bool = True,
+) -> MergedArguments:
+    """``tuner``'s arguments, then ``defaults`` the user did not set, then the user's flags that
+    the tuner neither owns nor writes itself.  Without a layout the user's split flags stay:
+    Megatron's own split comes from them.  Raises :class:`ConfigError` at a flag unknown to
+    Megatron's flag table or a value the launch script left unresolved."""
+    tuner_uses = {use.entry["dest"]: use for use in walk_flags(tuner, "tuner", strict=True)}
+    # argparse keeps a repeated flag's last value: so does the run, giving the flag once
+    user_uses = list(
+        {u.entry["dest"]: u for u in walk_flags(user, USER_SOURCE, strict=True)}.values()
+    )
+    owned = owned_dests(keep_data)
+    if not layout_given:
+        owned = {dest: group for dest, group in owned.items() if group != "layout and split"}
+    notes, kept = [], []
+    for use in user_uses:
+        dest = use.entry["dest"]
+        mine = tuner_uses.get(dest)
+        if mine is not None:
+            if _differs(use, mine):
+                now = " ".join(mine.values) if mine.flag == use.flag else _words(mine)
+                notes.append(f"replaced {_words(use)} with {now}")
+        elif dest in owned:
+            notes.append(f"removed {_words(use)} ({owned[dest]}: the tuner's)")
+        else:
+            _check_resolved(use)
+            kept += _as_words(use)
+    given = {use.entry["dest"] for use in user_uses}
+    default_uses = walk_flags(defaults, "tuner defaults", strict=True)
+    unset = [w for use in default_uses if not _overridden(use, given) for w in _as_words(use)]
+    return MergedArguments((*tuner, *unset, *kept), tuple(dict.fromkeys(notes)))
+
+
+def cost_flags(user: Sequence[str]) -> tuple[str, ...]:
+    """The user's flags that change unit costs (precision, recompute, fp8, attention backend,
+    router dtype, overlap, grouped GEMM, ...), with their values, in order."""
+    return tuple(
+        word
+        for use in walk_flags(user, USER_SOURCE, strict=True)
+        if _COST_FLAG.fullmatch(use.flag)
+        for word in _as_words(use)
+    )
+
+
+# Precision is a choice of one: the tuner's default --bf16 gives way to the user's --fp16.
+_SAME_CHOICE = {"bf16": {"bf16", "fp16"}}
+
+
+def _overridden(default: FlagUse, given: set[str]) -> bool:
+    dest = default.entry["dest"]
+    return bool(_SAME_CHOICE.get(dest, {dest}) & given)
+
+
+def _differs(user: FlagUse, tuner: FlagUse) -> bool:
+    """Whether two uses of one flag set different values (switches: --x against --no-x)."""
+    if user.entry["nargs"] == 0:
+        return user.flag != tuner.flag
+    typed = [
+        tuple(typed_value(use, text, USER_SOURCE) for text in use.values) for use in (user, tuner)
+    ]
+    return typed[0] != typed[1]
+
+
+def _check_resolved(use: FlagUse) -> None:
+    for text in use.values:
+        if "$" in text:
+            raise ConfigError(
+                f"{USER_SOURCE}: {use.flag} {text} uses a variable the launch script does not "
+                "set; give the value itself"
+            )
+
+
+def _as_words(use: FlagUse) -> list[str]:
+    return [use.flag, *use.values]
+
+
+def _words(use: FlagUse) -> str:
+    return " ".join(_as_words(use))
