@@ -22,7 +22,7 @@ from ray_layout.model.loading import load_recipe
 from ray_layout.model.spec import Recipe, build_recipe, with_parallel
 from search.cost_model import build_cost_model
 from search.evaluate import score
-from search.planner import Plan, PlanOptions, SearchSpec, plan
+from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
 
@@ -96,7 +96,7 @@ def run_case(case: Case) -> Plan:
     spec = SearchSpec(num_microbatches=case.microbatches)
     options = PlanOptions(top=10)
     started, cpu = time.perf_counter(), time.process_time()
-    result = plan(case.recipe.model, case.recipe.parallel, case.costs, spec, options)
+    result = plan(Problem(case.recipe.model, case.recipe.parallel, case.costs, spec, options))
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     best = result.candidates[0]
     if result.proven_bound_ms is None:
@@ -140,16 +140,21 @@ def ray_sharding() -> None:
     spec = SearchSpec(num_microbatches=case.microbatches, shards=2, time_limit_s=120.0)
     options = PlanOptions(top=10)
     started = time.perf_counter()
-    local = plan(case.recipe.model, case.recipe.parallel, case.costs, replace(spec, shards=1),
-                 options)  # fmt: skip
+    local = plan(
+        Problem(
+            case.recipe.model, case.recipe.parallel, case.costs, replace(spec, shards=1), options
+        )
+    )
     alone = time.perf_counter() - started
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              object_store_memory=200 * 2**20,
              logging_level="ERROR")  # fmt: skip
     try:
         started = time.perf_counter()
-        sharded = plan(case.recipe.model, case.recipe.parallel, case.costs, spec, options,
-                       map_shards=ray_map_shards)  # fmt: skip
+        sharded = plan(
+            Problem(case.recipe.model, case.recipe.parallel, case.costs, spec, options),
+            map_shards=ray_map_shards,
+        )
         seconds = time.perf_counter() - started
     finally:
         ray.shutdown()

@@ -77,7 +77,7 @@ from ray_layout.model.loading import load_recipe  # noqa: E402
 from ray_layout.model.spec import Recipe, with_parallel  # noqa: E402
 from ray_layout.report.summary import TuneSummary  # noqa: E402
 from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
-from search.planner import PlanOptions, SearchSpec, score_given  # noqa: E402
+from search.planner import PlanOptions, Problem, SearchSpec, score_given  # noqa: E402, Problem
 from search.space import LayoutSpace  # noqa: E402
 
 CONFIG = "configs/handbook_7b_a1b.yaml"
@@ -245,7 +245,7 @@ def predictor(recipe: Recipe, summary: TuneSummary, settings: TuneSettings):
 
     def predict(layout: Layout) -> float:
         candidate = score_given(
-            layout, recipe.model, recipe.parallel, summary.unit_costs, spec, options
+            layout, Problem(recipe.model, recipe.parallel, summary.unit_costs, spec, options)
         )
         return float(candidate.mean_ms)
 

@@ -106,12 +106,21 @@ class SearchSpec:
     time_limit_s: float = 7.0  # and of time (the plan ends within 10 s); unfinished: the gap
 
 
+@dataclass(frozen=True)
+class Problem:
+    """Everything a step prediction depends on, travelling together: the model and its parallel
+    sizes, the unit costs, the space and schedule to search (``spec``), and how candidates are
+    scored and kept (``options``)."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    costs: UnitCosts
+    spec: SearchSpec
+    options: PlanOptions
+
+
 def plan(
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    costs: UnitCosts,
-    spec: SearchSpec,
-    options: PlanOptions,
+    problem: Problem,
     progress: Callable[[str], None] | None = None,
     map_shards: MapShards | None = None,
 ) -> Plan:
@@ -121,6 +130,9 @@ def plan(
     tasks)`` returns ``[function(task) for task in tasks]`` in order, wherever it runs them
     (None: here, one after another).
     """
+    model, parallel, costs, spec, options = (
+        problem.model, problem.parallel, problem.costs, problem.spec, problem.options
+    )  # fmt: skip
     space = LayoutSpace(
         model.num_layers,
         model.mtp_num_layers,
@@ -151,7 +163,7 @@ def plan(
     result = merge(results, options.top)
     return Plan(
         candidates=result.candidates,
-        baselines=baselines(model, parallel, costs, spec, options),
+        baselines=baselines(problem),
         method=method,
         valid_layouts=counted.valid,
         space_size=counted.total,
@@ -167,25 +179,18 @@ def plan(
     )
 
 
-def score_given(
-    layout: Layout,
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    costs: UnitCosts,
-    spec: SearchSpec,
-    options: PlanOptions,
-) -> Candidate:
+def score_given(layout: Layout, problem: Problem) -> Candidate:
     """Score one layout under its own schedule (its VPP comes from the layout)."""
-    program, cost_model = _schedule_for(layout, model, parallel, costs, spec)
-    return score_layout(layout, program, cost_model, options)
+    program, cost_model = _schedule_for(layout, problem)
+    return score_layout(layout, program, cost_model, problem.options)
 
 
-def _schedule_for(
-    layout: Layout, model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, spec: SearchSpec
-) -> tuple[Program, CostModel]:
-    run = replace(parallel, vpp=layout.vpp)
+def _schedule_for(layout: Layout, problem: Problem) -> tuple[Program, CostModel]:
+    run, spec = replace(problem.parallel, vpp=layout.vpp), problem.spec
     program = compile_schedule(run.pp, run.vpp, spec.num_microbatches, spec.group_size)
-    return program, build_cost_model(model, run, costs, spec.num_microbatches, spec.group_size)
+    model = build_cost_model(problem.model, run, problem.costs, spec.num_microbatches,
+                             spec.group_size)  # fmt: skip
+    return program, model
 
 
 @dataclass(frozen=True)
@@ -200,21 +205,14 @@ class LayoutSimulation:
     bubble_fraction: float
 
 
-def simulate_given(
-    layout: Layout,
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    costs: UnitCosts,
-    spec: SearchSpec,
-    options: PlanOptions,
-) -> LayoutSimulation:
-    program, cost_model = _schedule_for(layout, model, parallel, costs, spec)
+def simulate_given(layout: Layout, problem: Problem) -> LayoutSimulation:
+    program, cost_model = _schedule_for(layout, problem)
     _, _, counts = _layout_counts(layout, cost_model)
     forward, backward = stage_times(cost_model, counts)
     tail = tail_ms(cost_model, counts, program.pp)
     times = simulate(program, forward.T, backward.T, cost_model.p2p_ms, tail.T, keep_events=True)
     return LayoutSimulation(
-        candidate=score_layout(layout, program, cost_model, options),
+        candidate=score_layout(layout, program, cost_model, problem.options),
         events=tuple(timeline(program, times)),
         busy_ms=tuple(times.busy[:, 0].tolist()),
         idle_ms=tuple(times.idle[:, 0].tolist()),
@@ -223,14 +221,9 @@ def simulate_given(
     )
 
 
-def baselines(
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    costs: UnitCosts,
-    spec: SearchSpec,
-    options: PlanOptions,
-) -> tuple[Baseline, ...]:
+def baselines(problem: Problem) -> tuple[Baseline, ...]:
     """Megatron's default split (with the run's VPP) and the count-based rule (no VPP)."""
+    model, parallel = problem.model, problem.parallel
     found = []
     makers = (
         ("Megatron default", lambda: megatron_default(
@@ -244,5 +237,5 @@ def baselines(
         except LayoutError as exc:
             found.append(Baseline(name, None, str(exc)))
             continue
-        found.append(Baseline(name, score_given(layout, model, parallel, costs, spec, options)))
+        found.append(Baseline(name, score_given(layout, problem)))
     return tuple(found)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ray_layout.model.layout import format_stages
+from ray_layout.model.layout import Layout
 from ray_layout.model.sizing import GIB
 from search.cost_model import CostModel
 from search.evaluate import monte_carlo, score, standard_normals
@@ -41,9 +41,7 @@ class PlanOptions:
 class Candidate:
     """A scored layout, as every report shows it."""
 
-    layout: str
-    stages: tuple[str, ...]
-    pp: int
+    layout: Layout
     mean_ms: float
     p90_ms: float
     noise_free_ms: float
@@ -83,7 +81,7 @@ def rank_key(candidate: Candidate, grid_ms: float, hbm_gib: float | None) -> tup
         candidate.near_bottleneck,
         -round(headroom, 6),
         candidate.mean_ms,
-        candidate.layout,
+        str(candidate.layout),
     )
 
 
@@ -102,14 +100,12 @@ def candidates_of(
     memory = scores.memory_bytes / GIB
     found = []
     for row, layout_cuts in enumerate(cuts):
-        stages = space.stages_from_cuts(tuple(int(c) for c in layout_cuts))
+        layout = Layout(space.stages_from_cuts(tuple(int(c) for c in layout_cuts)), space.pp)
         noise_free = float(scores.noise_free_ms[row])
         sampled = steps[row] if steps is not None else None
         found.append(
             Candidate(
-                layout=format_stages(stages),
-                stages=stages,
-                pp=space.pp,
+                layout=layout,
                 mean_ms=float(sampled.mean()) if sampled is not None else noise_free,
                 p90_ms=float(np.quantile(sampled, 0.9)) if sampled is not None else noise_free,
                 noise_free_ms=noise_free,
@@ -178,7 +174,7 @@ def merge(results: list[ShardResult], top: int) -> ShardResult:
         for key, candidate, count in zip(result.keys, result.candidates, result.ties, strict=True):
             prediction = float(prediction_key(candidate.noise_free_ms))
             order = tie_break_key(candidate.near_bottleneck, candidate.peak_memory_gib,
-                                  candidate.layout)  # fmt: skip
+                                  str(candidate.layout))  # fmt: skip
             known = by_prediction.get(prediction)
             if known is None:
                 by_prediction[prediction] = (key, candidate, count, order)

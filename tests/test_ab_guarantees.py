@@ -26,10 +26,7 @@ from ray_layout.ab.schedule import (
 from ray_layout.ab.stats import ABConfig, ArmTrace
 from ray_layout.ab.vocabulary import ABAction
 from ray_layout.driver.phases import choose_arms
-from ray_layout.model.costs import load_costs
-from ray_layout.model.loading import load_recipe
-from ray_layout.model.spec import with_parallel
-from search.planner import PlanOptions, SearchSpec, plan
+from tests.planner_fixtures import handbook_example_plan
 from tests.test_abtest import ar1_steps, traces_of
 
 DEFAULT = ABConfig()
@@ -207,13 +204,10 @@ def test_spend_on_arms_shaped_like_the_quickstarts():
 
 
 def test_the_tunes_arms_carry_what_the_search_predicted_and_far_losers_look_sooner():
-    recipe = with_parallel(load_recipe("configs/handbook_7b_a1b.yaml"), pp=4)
-    costs = load_costs("configs/costs/handbook_h200_example.json")
-    found = plan(recipe.model, recipe.parallel, costs, SearchSpec(num_microbatches=32),
-                 PlanOptions(top=10, hbm_gib=131))  # fmt: skip
+    found = handbook_example_plan(10)
     arms = choose_arms(found, 3)
     by_layout = {c.layout: c for c in found.candidates}
-    pick = by_layout[str(arms[0].layout)]
+    pick = by_layout[arms[0].layout]
     assert arms[0].critical_stages == pick.near_bottleneck
     assert arms[0].predicted_cv == pytest.approx((pick.p90_ms / pick.mean_ms - 1) / 1.2816)
     assert all(arm.predicted_cv >= 0 for arm in arms)

@@ -15,7 +15,7 @@ from ray_layout.model.costs import load_costs
 from ray_layout.model.spec import load_recipe_file
 from search import progress as progress_module
 from search.evaluate import monte_carlo, standard_normals
-from search.planner import PlanOptions, SearchSpec, ideal_step_ms, plan
+from search.planner import PlanOptions, Problem, SearchSpec, ideal_step_ms, plan
 from search.ranking import candidates_of, merge, rank_key
 from search.schedule import compile_schedule
 from search.shards import ENUMERATION, EXACT, ShardTask, evaluate_shard, run_shard
@@ -87,7 +87,7 @@ def test_enumeration_and_exact_search_find_the_plain_simulators_optimum(unit, vp
         best = min(zip(result.candidates, result.ties, strict=True),
                    key=lambda pair: pair[0].noise_free_ms)  # fmt: skip
         assert best[0].noise_free_ms == pytest.approx(steps.min())
-        assert best[0].layout == classes[0].key[-1]  # the representative by the tie-break
+        assert str(best[0].layout) == classes[0].key[-1]  # the representative by the tie-break
         assert best[1] == len(optimal_set(space, cuts, steps))
 
 
@@ -134,12 +134,14 @@ def test_memory_filter_drops_layouts_over_hbm():
 
 def test_handbook_plan_picks_the_published_layout_with_example_costs():
     spec = SearchSpec(num_microbatches=32)
-    result = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, PlanOptions(top=3, hbm_gib=131))
+    result = plan(
+        Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, PlanOptions(top=3, hbm_gib=131))
+    )
     best = result.candidates[0]
-    assert best.layout == "Et*5|t*6|t*5|mL"
+    assert str(best.layout) == "Et*5|t*6|t*5|mL"
     names = [b.name for b in result.baselines]
     assert names == ["Megatron default", "count-based rule"]
-    assert [b.candidate.layout for b in result.baselines] == [
+    assert [str(b.candidate.layout) for b in result.baselines] == [
         "Et*4|t*4|t*4|t*4mL", "Et*4|t*5|t*5|t*2mL"]  # fmt: skip
     assert result.speedup(best, "Megatron default") > 1.4
     assert result.speedup(best, "count-based rule") > 1.1
@@ -150,9 +152,10 @@ def test_handbook_plan_picks_the_published_layout_with_example_costs():
 def test_exact_search_plan_agrees_with_enumeration_and_proves_it():
     spec = SearchSpec(num_microbatches=32)
     options = PlanOptions(top=3, hbm_gib=131)
-    enumerated = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options)
-    searched = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, replace(spec, enumerate_limit=0),
-                    options)  # fmt: skip
+    enumerated = plan(Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options))
+    searched = plan(
+        Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, replace(spec, enumerate_limit=0), options)
+    )
     assert searched.method == "exact search" and enumerated.method == "enumeration"
     assert searched.candidates[0] == enumerated.candidates[0]
     assert searched.ties[0] == enumerated.ties[0]
@@ -165,8 +168,9 @@ def test_an_unfinished_interleaved_plan_says_which_bound_binds(monkeypatch):
     lines: list[str] = []
     parallel = replace(HANDBOOK.parallel, vpp=2)
     spec = SearchSpec(num_microbatches=32, enumerate_limit=0, time_limit_s=0.0)
-    searched = plan(HANDBOOK.model, parallel, COSTS, spec, PlanOptions(top=2),
-                    progress=lines.append)  # fmt: skip
+    searched = plan(
+        Problem(HANDBOOK.model, parallel, COSTS, spec, PlanOptions(top=2)), progress=lines.append
+    )
     gap = 1 - searched.proven_bound_ms / searched.candidates[0].noise_free_ms
     assert not searched.complete
     assert (gap > 1e-9) == bool(searched.bound_reason)
@@ -177,7 +181,10 @@ def test_a_slow_plan_reports_progress(monkeypatch):
     monkeypatch.setattr(progress_module, "PROGRESS_AFTER_S", 0.0)
     lines: list[str] = []
     spec = SearchSpec(num_microbatches=32, enumerate_limit=0)
-    plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, PlanOptions(top=2), progress=lines.append)
+    plan(
+        Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, PlanOptions(top=2)),
+        progress=lines.append,
+    )
     assert lines and all("exact search" in line for line in lines)
 
 
@@ -187,8 +194,10 @@ def test_exact_search_shards_give_the_same_plan(shards):
     layouts; merged, the top and its tie counts are the single process's."""
     spec = SearchSpec(num_microbatches=32, enumerate_limit=0)
     options = PlanOptions(top=8, samples=32)
-    alone = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options)
-    split = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, replace(spec, shards=shards), options)
+    alone = plan(Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options))
+    split = plan(
+        Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, replace(spec, shards=shards), options)
+    )
     assert split.candidates == alone.candidates and split.ties == alone.ties
     assert split.complete and alone.complete
 
@@ -196,9 +205,11 @@ def test_exact_search_shards_give_the_same_plan(shards):
 def test_map_shards_runs_the_same_tasks_anywhere():
     spec = SearchSpec(num_microbatches=16, shards=3)
     options = PlanOptions(top=5, samples=32, block_size=200)
-    here = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options)
-    mapped = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options,
-                  map_shards=lambda function, tasks: list(map(function, tasks)))  # fmt: skip
+    here = plan(Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options))
+    mapped = plan(
+        Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options),
+        map_shards=lambda function, tasks: list(map(function, tasks)),
+    )
     assert mapped == here
 
 
@@ -212,8 +223,15 @@ def test_no_default_split_is_reported_not_raised():
          "moe_ffn_hidden_size": 1024, "mtp_num_layers": 1},
         {"pp": 4, "ep": 2, "dp": 2, "micro_batch_size": 2}, source="test",
     )  # fmt: skip
-    result = plan(odd.model, odd.parallel, COSTS, SearchSpec(num_microbatches=8),
-                  PlanOptions(top=2, samples=16))  # fmt: skip
+    result = plan(
+        Problem(
+            odd.model,
+            odd.parallel,
+            COSTS,
+            SearchSpec(num_microbatches=8),
+            PlanOptions(top=2, samples=16),
+        )
+    )
     default = result.baselines[0]
     assert default.candidate is None and "not divisible by PP=4" in default.reason
     assert recipe.model.num_layers == 16
@@ -223,4 +241,4 @@ def test_a_huge_space_with_empty_stages_is_refused_in_one_line():
     deep = replace(HANDBOOK.parallel, pp=16)
     spec = SearchSpec(num_microbatches=32, allow_empty_stages=True)
     with pytest.raises(ConfigError, match="leave empty stages out"):
-        plan(HANDBOOK.model, deep, COSTS, spec, PlanOptions(top=2))
+        plan(Problem(HANDBOOK.model, deep, COSTS, spec, PlanOptions(top=2)))

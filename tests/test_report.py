@@ -34,7 +34,7 @@ from ray_layout.report.summary import (
 )
 from ray_layout.report.terminal import print_summary
 from ray_layout.report.write import write_report
-from search.planner import PlanOptions, SearchSpec, simulate_given
+from search.planner import PlanOptions, Problem, SearchSpec, simulate_given
 
 HANDBOOK = "configs/handbook_7b_a1b.yaml"
 COSTS = "configs/costs/handbook_h200_example.json"
@@ -82,7 +82,7 @@ def summary() -> TuneSummary:
 
     def simulate(layout: str):
         return simulate_given(
-            Layout.parse(layout, 4), recipe.model, recipe.parallel, costs, spec, options
+            Layout.parse(layout, 4), Problem(recipe.model, recipe.parallel, costs, spec, options)
         )
 
     sims = {

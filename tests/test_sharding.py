@@ -9,7 +9,7 @@ import pytest
 
 from ray_layout.model.costs import load_costs
 from ray_layout.model.spec import load_recipe_file
-from search.planner import PlanOptions, SearchSpec, plan
+from search.planner import PlanOptions, Problem, SearchSpec, plan
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 COSTS = load_costs("configs/costs/handbook_h200_example.json")
@@ -38,9 +38,11 @@ def test_ray_shards_give_the_same_plan_as_one_process(local_ray, enumerate_limit
 
     spec = SearchSpec(num_microbatches=16, enumerate_limit=enumerate_limit)
     options = PlanOptions(top=5, samples=32, block_size=200)
-    local = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options)
-    sharded = plan(HANDBOOK.model, HANDBOOK.parallel, COSTS, replace(spec, shards=3), options,
-                   map_shards=ray_map_shards)  # fmt: skip
+    local = plan(Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options))
+    sharded = plan(
+        Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, replace(spec, shards=3), options),
+        map_shards=ray_map_shards,
+    )
     assert [c.layout for c in sharded.candidates] == [c.layout for c in local.candidates]
     assert sharded.candidates == local.candidates and sharded.ties == local.ties
     if enumerate_limit:

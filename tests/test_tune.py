@@ -37,8 +37,8 @@ from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.spec import with_parallel
 from ray_layout.runtime.profiling import Backend
-from search.planner import PlanOptions, SearchSpec, plan
 from tests.conftest import GPUS_PER_NODE, NODES
+from tests.planner_fixtures import handbook_example_plan
 
 CONFIG = "configs/handbook_7b_a1b.yaml"
 HARDWARE = Path("cluster_configs/hardware/h200_emulated.yaml")
@@ -77,13 +77,15 @@ def quiet() -> tuple[Console, io.StringIO]:
 
 
 def test_choose_arms_takes_the_top_fitting_layouts_then_both_baselines_once():
-    recipe = with_parallel(HANDBOOK, pp=4)
-    costs = load_costs("configs/costs/handbook_h200_example.json")
-    found = plan(recipe.model, recipe.parallel, costs, SearchSpec(num_microbatches=32),
-                 PlanOptions(top=200, hbm_gib=131))  # fmt: skip
+    found = handbook_example_plan(200)
     arms = choose_arms(found, 3)
-    assert [a.name for a in arms] == ["candidate-1", "candidate-2", "candidate-3", "default",
-                                      "count-based"]  # fmt: skip
+    assert [a.name for a in arms] == [
+        "candidate-1",
+        "candidate-2",
+        "candidate-3",
+        "default",
+        "count-based",
+    ]
     assert str(arms[0].layout) == "Et*5|t*6|t*5|mL"  # the hand-checked pick (docs/search.md)
     assert str(arms[3].layout) == "Et*4|t*4|t*4|t*4mL" and arms[3].roles == (ArmRole.DEFAULT,)
     assert arms[0].predicted_ms == found.candidates[0].mean_ms

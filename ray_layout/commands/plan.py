@@ -26,7 +26,7 @@ from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe, check_pipeline_stages
 from ray_layout.runtime.sharding import ray_map_shards
-from search.planner import Plan, PlanOptions, SearchSpec, plan
+from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,8 +194,11 @@ def _planned(
     if spec.shards > 1:  # the one place the search gets Ray: its shards become Ray tasks
         _start_ray(settings.ray_address, spec.shards)
         map_shards = ray_map_shards
-    found = plan(recipe.model, recipe.parallel, costs, spec, options, progress=_progress,
-                 map_shards=map_shards)  # fmt: skip
+    found = plan(
+        Problem(recipe.model, recipe.parallel, costs, spec, options),
+        progress=_progress,
+        map_shards=map_shards,
+    )
     return plan_report(recipe, found, spec)
 
 

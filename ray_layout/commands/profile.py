@@ -82,7 +82,11 @@ class ProfileSettings(ModelSettings):
     runner: BackendFlags = field(default_factory=BackendFlags)
     store: str = option(checks=[folder_or_new])
     study: str = option("default", checks=[plain_name])
-    log_dir: str = option("ray_layout_logs", checks=[folder_or_new])
+    log_dir: str | None = option(
+        None,
+        help="also write every rank's raw log here (results come back through Ray either way)",
+        checks=[folder_or_new],
+    )
     ray_address: str | None = option(
         None, help="a running cluster (default: simulate 3 nodes)", checks=[reachable]
     )
@@ -125,7 +129,8 @@ def run_profile(settings: ProfileSettings, console: Console) -> None:
         options = replace(options, gpus_per_node=gpus_per_node)
         store, to_run = CostStore(settings.store), [LayoutRun(layout) for layout in layouts]
         runs = run_layouts(recipe, to_run, backend, store, settings.study,
-                           Path(settings.log_dir), options)  # fmt: skip
+                           Path(settings.log_dir) if settings.log_dir else None,
+                           options)  # fmt: skip
     rows = [
         {"layout": str(run.layout), "status": run.result.status,
          "failure_class": run.result.failure_class, "error": run.result.error,

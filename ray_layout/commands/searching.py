@@ -215,7 +215,7 @@ def unchecked_memory_note(memory_gib: Sequence[float]) -> str:
 
 def candidate_row(c: Candidate) -> dict[str, Any]:
     return {
-        "layout": c.layout,
+        "layout": str(c.layout),
         "mean_ms": c.mean_ms,
         "p90_ms": c.p90_ms,
         "noise_free_ms": c.noise_free_ms,

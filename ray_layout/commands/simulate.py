@@ -22,7 +22,7 @@ from ray_layout.commands.searching import (
 from ray_layout.commands.validate import LAYOUT_HELP
 from ray_layout.model.layout import Layout, validate
 from ray_layout.report.plots import draw_timeline
-from search.planner import simulate_given
+from search.planner import Problem, simulate_given
 
 TIMELINE_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -46,10 +46,14 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
     recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
     costs = unit_costs(settings.search.costs, recipe, settings.search.allow_cost_mismatch)
     spec, options = search_spec(recipe, settings.search)
-    result = simulate_given(layout, recipe.model, recipe.parallel, costs, spec, options)
+    result = simulate_given(layout, Problem(recipe.model, recipe.parallel, costs, spec, options))
     if settings.timeline:
-        draw_timeline(result.events, result.tail_ms, settings.timeline,
-                      f"{layout}  ({spec.num_microbatches} micro-batches)")  # fmt: skip
+        draw_timeline(
+            result.events,
+            result.tail_ms,
+            settings.timeline,
+            f"{layout}  ({spec.num_microbatches} micro-batches)",
+        )
     report = candidate_row(result.candidate) | {
         "busy_ms": list(result.busy_ms),
         "idle_ms": list(result.idle_ms),

@@ -118,9 +118,9 @@ class TuneFlags(ModelSettings):
     report_dir: str | None = option(
         None, help="default: ray_layout_report/<study>", checks=[folder_or_new]
     )
-    log_dir: str = option(
-        "ray_layout_logs",
-        help="rank logs (on a shared file system for multi-node clusters)",
+    log_dir: str | None = option(
+        None,
+        help="also write every rank's raw log here (results come back through Ray either way)",
         checks=[folder_or_new],
     )
     ray_address: str | None = option(
@@ -165,7 +165,7 @@ def tune_settings(flags: TuneFlags, recipe: Recipe, gpus_per_node: int) -> TuneS
         backend=backend,
         store=Path(flags.store),
         study=study,
-        log_dir=Path(flags.log_dir),
+        log_dir=Path(flags.log_dir) if flags.log_dir else None,
         report_dir=Path(flags.report_dir or Path("ray_layout_report") / study),
         gpus_per_node=gpus_per_node,
         ab=flags.ab.config(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from launchers.emulated.profile import load_profile
@@ -31,7 +31,6 @@ from ray_layout.measure.fit import FitResult, fit_costs
 from ray_layout.measure.ingest import observations_from_store, record_fit
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import UnitCosts, costs_from_flops
-from ray_layout.model.layout import Layout
 from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import FINISHED, STOPPED
@@ -41,9 +40,11 @@ from ray_layout.runtime.profiling import (
     LayoutRun,
     ProfiledRun,
     RunOptions,
+    layout_recipe,
     run_layouts,
 )
-from search.planner import Plan, PlanOptions, SearchSpec, plan
+from ray_layout.runtime.sharding import ray_map_shards
+from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.ranking import Candidate
 from search.space import LayoutSpace
 
@@ -81,7 +82,8 @@ def profile(
         heartbeat_s=settings.heartbeat_s,
         max_parallel=settings.runs_at_once,
     )
-    for note in megatron_arguments(recipe, design.layouts[0], options.settings).notes:
+    first = design.layouts[0]
+    for note in megatron_arguments(layout_recipe(recipe, first), first, options.settings).notes:
         phases.say(f"your Megatron flags: {note}")  # once: every run replaces the same ones
     with phases.bars() as bars:
         tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
@@ -135,9 +137,16 @@ def first_fit(
         raise RunFailure(f"the profiling runs cannot be fitted: {exc}{_logs(settings)}") from exc
 
 
-def search(recipe: Recipe, costs: UnitCosts, settings: TuneSettings, cpus: int = 1) -> Searched:
-    """Every layout, simulated; spaces over ``SHARD_ABOVE`` layouts are split over up to
-    ``cpus`` Ray tasks (the same top as one process, tested in tests/test_planner.py)."""
+def search(
+    recipe: Recipe,
+    costs: UnitCosts,
+    settings: TuneSettings,
+    cpus: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> Searched:
+    """Every layout, simulated (or the space searched exactly); spaces over ``SHARD_ABOVE``
+    layouts are split over up to ``cpus`` Ray tasks of the cluster the tune runs on (the same
+    top as one process, tested in tests/test_sharding.py)."""
     model, parallel = recipe.model, recipe.parallel
     space = LayoutSpace(model.num_layers, model.mtp_num_layers, parallel.pp, parallel.vpp,
                         allow_standalone_mtp=settings.allow_standalone_mtp)  # fmt: skip
@@ -150,7 +159,8 @@ def search(recipe: Recipe, costs: UnitCosts, settings: TuneSettings, cpus: int =
     options = PlanOptions(top=max(10, settings.ab_top), samples=settings.samples,
                           seed=settings.seed, hbm_gib=settings.hbm_gib)  # fmt: skip
     started = time.monotonic()
-    found = plan(model, parallel, costs, spec, options)
+    map_shards = ray_map_shards if spec.shards > 1 else None
+    found = plan(Problem(model, parallel, costs, spec, options), progress, map_shards)
     return Searched(found, spec, options, time.monotonic() - started)
 
 
@@ -158,7 +168,7 @@ def _arm(name: str, c: Candidate, role: ArmRole) -> Arm:
     """An arm with what the search predicted of it: its step, memory, critical stages (the
     tie-break's) and the spread of its step from the fitted jitter (its p90 over its mean)."""
     spread = (c.p90_ms - c.mean_ms) / (P90_SDS * c.mean_ms) if c.mean_ms > 0 else 0.0
-    return Arm(name, Layout.parse(c.layout, c.pp), (role,), c.mean_ms, c.memory_gib,
+    return Arm(name, c.layout, (role,), c.mean_ms, c.memory_gib,
                c.near_bottleneck, max(spread, 0.0))  # fmt: skip
 
 
@@ -172,7 +182,7 @@ def choose_arms(found: Plan, top: int) -> list[Arm]:
         c, role = baseline.candidate, ArmRole(baseline.name)
         if c is None:
             continue
-        layout = Layout.parse(c.layout, c.pp)
+        layout = c.layout
         same = next((i for i, arm in enumerate(arms) if arm.layout == layout), None)
         if same is None:
             arms.append(_arm(BASELINE_ARMS[role], c, role))

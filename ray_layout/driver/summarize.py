@@ -19,7 +19,7 @@ from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe
 from ray_layout.report.summary import PICK, ArmOutcome, SearchFacts, TuneSummary
 from ray_layout.runtime.profiling import ProfiledRun
-from search.planner import LayoutSimulation, score_given, simulate_given
+from search.planner import LayoutSimulation, Problem, score_given, simulate_given
 
 
 def paste_flags(layout: Layout) -> tuple[str, ...]:
@@ -104,11 +104,13 @@ def refit_note(recipe: Recipe, refined: Refit, ab: ABOutcome, searched: Searched
         if len(values) and r.trace.failure is None:
             predicted = score_given(
                 r.arm.layout,
-                recipe.model,
-                recipe.parallel,
-                refined.result.costs,
-                searched.spec,
-                searched.options,
+                Problem(
+                    recipe.model,
+                    recipe.parallel,
+                    refined.result.costs,
+                    searched.spec,
+                    searched.options,
+                ),
             ).mean_ms
             errors.append(abs(predicted / float(values.mean()) - 1))  # fmt: skip
     if not errors:
@@ -138,10 +140,13 @@ def timelines(recipe: Recipe, pick: Layout, searched: Searched,
     default = next(b.candidate for b in searched.found.baselines if b.name == ArmRole.DEFAULT)
     shown = {PICK: pick}
     if default is not None:
-        shown[ArmRole.DEFAULT.value] = Layout.parse(default.layout, default.pp)
-    return {name: simulate_given(layout, recipe.model, recipe.parallel, costs, searched.spec,
-                                 searched.options)
-            for name, layout in shown.items()}  # fmt: skip
+        shown[ArmRole.DEFAULT.value] = default.layout
+    return {
+        name: simulate_given(
+            layout, Problem(recipe.model, recipe.parallel, costs, searched.spec, searched.options)
+        )
+        for name, layout in shown.items()
+    }
 
 
 def summarize(

@@ -69,7 +69,7 @@ def run_tune(
         for line in _fit_lines(first):
             phases.say(line)
     with phases.phase("search", "simulate every layout Megatron accepts"):
-        searched = search(recipe, first.costs, settings, cluster_cpus())
+        searched = search(recipe, first.costs, settings, cluster_cpus(), phases.say)
         phases.say(_search_line(searched))
     arms = choose_arms(searched.found, settings.ab_top)
     ab = NO_AB

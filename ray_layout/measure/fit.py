@@ -21,7 +21,7 @@ from ray_layout.model.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.cost_model import CostModel, build_cost_model, inter_node_links
 from search.evaluate import memory
-from search.planner import PlanOptions, SearchSpec, score_given
+from search.planner import PlanOptions, Problem, SearchSpec, score_given
 from search.schedule import RECV_NEXT, SEND_NEXT, P2PCall, rank_ops
 from search.space import LayoutSpace
 
@@ -255,7 +255,7 @@ def simulated_step_ms(
     spec = SearchSpec(num_microbatches=run.num_microbatches)
     run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
     options = PlanOptions(samples=1)
-    return score_given(run.layout, model, run_parallel, costs, spec, options).noise_free_ms
+    return score_given(run.layout, Problem(model, run_parallel, costs, spec, options)).noise_free_ms
 
 
 def _p2p_latency(

@@ -140,8 +140,7 @@ def run_layouts(
     specs, run_recipes, todo, profiled = [], [], [], {}
     for index, run in enumerate(runs):
         layout = run.layout
-        run_recipe = replace(recipe, parallel=replace(recipe.parallel, pp=layout.pp,
-                                                      vpp=layout.vpp))  # fmt: skip
+        run_recipe = layout_recipe(recipe, layout)
         command, env = rank_command(backend, run_recipe, layout, options.settings)
         digest = hashlib.sha256(" ".join(command).encode()).hexdigest()[:12]
         spec = RunSpec(
@@ -188,6 +187,11 @@ def run_layouts(
         layout = runs[index].layout
         profiled[index] = _ingested(store, study, recipe, layout, run_recipes[index], result)
     return [profiled[index] for index in range(len(runs))]
+
+
+def layout_recipe(recipe: Recipe, layout: Layout) -> Recipe:
+    """The recipe as a run of ``layout`` has it: the layout's PP and VPP."""
+    return replace(recipe, parallel=replace(recipe.parallel, pp=layout.pp, vpp=layout.vpp))
 
 
 def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:
