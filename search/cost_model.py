@@ -14,9 +14,9 @@ import numpy as np
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
-from ray_layout.model.sizing import EMBEDDING, LOSS, WEIGHT_BYTES, static_memory, unit_sizes
+from ray_layout.model.sizing import EMBEDDING, GIB, LOSS, WEIGHT_BYTES, static_memory, unit_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
-from search.memory import GIB, activation_bytes, logits_bytes
+from search.memory import activation_bytes, logits_bytes
 from search.schedule import BACKWARD, compute_order
 
 
@@ -40,6 +40,7 @@ class CostModel:
     overhead_bytes: float
     mtp_standalone_factor: float
     in_flight: np.ndarray  # (PP, VPP) micro-batches in flight per rank and chunk at the peak
+    tail_fixed_ms: float = 0.0  # per step on every rank, not proportional to parameters
 
     @property
     def has_jitter(self) -> bool:
@@ -127,4 +128,5 @@ def build_cost_model(
         overhead_bytes=costs.memory_overhead_gib * GIB,
         mtp_standalone_factor=costs.mtp_standalone_factor,
         in_flight=in_flight,
+        tail_fixed_ms=costs.tail_fixed_ms,
     )

@@ -72,10 +72,11 @@ def memory(model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
 
 
 def tail_ms(model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
-    """(n, PP) gradient sync + optimizer step of each rank after the pipeline."""
+    """(n, PP) gradient sync + optimizer step of each rank after the pipeline, and the fixed
+    per-step overhead."""
     params = _per_rank(counts @ model.tail_params, pp)
     params = params + _standalone_rank(counts, model, pp) * model.standalone_copy_params
-    return params * model.tail_ms_per_gparam
+    return params * model.tail_ms_per_gparam + model.tail_fixed_ms
 
 
 def score(program: Program, model: CostModel, counts: np.ndarray) -> Scores:

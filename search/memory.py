@@ -42,6 +42,7 @@ from ray_layout.model.sizing import (
     DECODER,
     DENSE_DECODER,
     EMBEDDING,
+    GIB,
     LOSS,
     MOE_DECODER,
     MTP,
@@ -49,7 +50,6 @@ from ray_layout.model.sizing import (
 )
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 
-GIB = 2**30
 LOGIT_BYTES = 4  # the loss works on fp32 logits
 
 

@@ -46,7 +46,9 @@ def synthetic_log(
     iteration is simulated a second time (same noise) with it added to every link; the timers
     stay those of the bare transfers, which is what the fit reads them as (its fastest call),
     while the step carries the latency on every transfer of the critical path, as a real one
-    carries launch and synchronisation costs that no timer isolates."""
+    carries launch and synchronisation costs that no timer isolates.  ``costs.tail_fixed_ms``
+    likewise: the step pays it on every rank, the gradient-sync and optimizer timers do not
+    show it (Megatron times neither the iteration's launches nor its logging)."""
     run = replace(parallel, pp=layout.pp, vpp=layout.vpp)
     program = compile_schedule(run.pp, run.vpp, num_microbatches)
     cost_model = build_cost_model(model, run, costs, num_microbatches)
@@ -81,8 +83,9 @@ def synthetic_log(
                 timer = P2P_TIMER_OF_CALL[op.name]
             duration = times.end[op_id, 0] - times.start[op_id, 0]
             per_rank.setdefault(timer, np.zeros(run.pp))[program.rank[op_id]] += duration
-        per_rank["all-grads-sync"] = tail * grad_share
-        per_rank["optimizer"] = tail * (1 - grad_share)
+        timed_tail = tail - costs.tail_fixed_ms
+        per_rank["all-grads-sync"] = timed_tail * grad_share
+        per_rank["optimizer"] = timed_tail * (1 - grad_share)
         per_rank["forward-backward"] = times.finish[:, 0]
         # the first logged interval is not reset: the second one carries it again
         shown = {k: v + carried.get(k, 0) for k, v in per_rank.items()}

@@ -193,6 +193,20 @@ def test_plan_with_flops_costs_warns(capsys):
     assert "measured costs differ" in captured.err
 
 
+def test_tflops_sets_the_speed_flop_costs_assume(capsys):
+    argv = ["simulate", HANDBOOK, "Et*5|t*6|t*5|mL", "--costs", "flops", "--samples", "8"]
+    default = run_json(capsys, *argv)
+    assert main([*argv, "--tflops", "200", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "at 200 TFLOP/s per GPU (--tflops)" in captured.err
+    compute = sum(json.loads(captured.out)["busy_ms"]), sum(default["busy_ms"])
+    assert compute[0] == pytest.approx(2 * compute[1], rel=0.05)  # the embedding is not FLOPs
+    for bad in ("0", "-5", "nan"):
+        assert main([*argv, "--tflops", bad]) == 2
+        assert capsys.readouterr().err.startswith("error: --tflops must be")
+    assert main(["profile-layouts", HANDBOOK, "--pp", "4", "--tflops", "150", "--json"]) == 0
+
+
 def test_simulate_writes_a_timeline(capsys, tmp_path):
     picture = tmp_path / "timeline.png"
     report = run_json(capsys, "simulate", HANDBOOK, "Et*5|t*6|t*5|mL", "--costs", COSTS,

@@ -189,12 +189,33 @@ def test_costs_from_flops_keep_the_flop_ratios(tp):
             flops[unit] / flops["t"]
         )
     assert costs.forward_ms["t"] == pytest.approx(flops["t"] / tp / 500e12 * 1e3)
-    assert costs.forward_ms["E"] == 0.0
-    assert costs.backward_ms == {u: 2 * ms for u, ms in costs.forward_ms.items()}
+    for unit in ("t", "m"):  # two GEMMs per forward GEMM
+        assert costs.backward_ms[unit] == pytest.approx(2 * costs.forward_ms[unit])
+    # the output layer measured 1.16-1.30x its forward: the softmax's gradient comes cheap
+    assert costs.backward_ms["L"] == pytest.approx(1.23 * costs.forward_ms["L"])
     assert (costs.source, costs.model, costs.micro_batch_size, costs.seq_length) == (
         "flops", "handbook_7b_a1b", 2, 4096,
     )  # fmt: skip
     assert (costs.tp, costs.ep) == (tp, 2)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_embedding_costs_the_bytes_it_moves(tp):
+    """Handbook: b=2, s=4096, h=2048, 128256 words (divisible by 128 x TP: no padding), CP 1."""
+    parallel = replace(HANDBOOK.parallel, tp=tp)
+    costs = costs_from_flops(HANDBOOK.model, parallel, hbm_gb_per_s=2000.0)
+    rows = 2 * 4096 * 2048 * 2  # bf16 row of every token
+    forward = rows * (1 + 1 / tp)  # its shard's rows read, every output row written
+    # the tokens' gradient rows read and added, the dense bf16 table gradient zero-filled and
+    # read, the fp32 main gradient read and written: 12 bytes per element of the shard
+    backward = 2 * rows + 128256 * 2048 / tp * 12
+    assert costs.forward_ms["E"] == pytest.approx(forward / 2000e9 * 1e3)
+    assert costs.backward_ms["E"] == pytest.approx(backward / 2000e9 * 1e3)
+    assert 0.05 < costs.backward_ms["E"] / (costs.forward_ms["t"] + costs.backward_ms["t"]) < 1
+    # CP halves the tokens a GPU looks up, not its vocabulary shard
+    cp2 = costs_from_flops(HANDBOOK.model, replace(parallel, cp=2), hbm_gb_per_s=2000.0)
+    assert cp2.forward_ms["E"] == pytest.approx(costs.forward_ms["E"] / 2)
+    assert cp2.backward_ms["E"] == pytest.approx((backward - rows) / 2000e9 * 1e3)
 
 
 def test_costs_from_flops_transfers_and_tail():
@@ -262,7 +283,20 @@ def test_step_tail_scales_with_the_parameters_one_gpu_holds():
 def test_costs_to_dict_is_plain_json():
     data = costs_to_dict(load_costs(EXAMPLE))
     assert next(iter(data)) == "format"
-    assert data == example_dict()
+    # the example predates the fixed step tail: it loads as 0 and is written out
+    assert "tail_fixed_ms" not in example_dict()
+    assert data == {**example_dict(), "tail_fixed_ms": 0.0}
+
+
+def test_the_fixed_step_tail_is_added_to_every_rank():
+    costs = replace(load_costs(EXAMPLE), tail_fixed_ms=7.5)
+    assert costs_from_dict(costs_to_dict(costs), source="x") == costs
+    with pytest.raises(ConfigError, match="tail_fixed_ms must be >= 0"):
+        costs_from_dict({**costs_to_dict(costs), "tail_fixed_ms": -1.0}, source="x")
+    stages = stage_sizes(HANDBOOK.model, HANDBOOK.parallel, ("Ettttt", "tttttt", "ttttt", "mL"))
+    without = replace(costs, tail_fixed_ms=0.0)
+    for stage in stages:
+        assert step_tail_ms(costs, stage) == pytest.approx(step_tail_ms(without, stage) + 7.5)
 
 
 def test_provenance_mismatches_name_each_difference():

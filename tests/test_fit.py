@@ -138,6 +138,39 @@ def test_memory_calibration_comes_back_from_max_allocated():
         )
 
 
+def test_fitted_memory_predicts_every_ranks_max_allocated_within_5_percent():
+    """The simulator's peak under the fitted calibration, less the fixed overhead Megatron's
+    allocator does not see, against each rank's max allocated, on a layout no run had."""
+    from search.cost_model import build_cost_model
+    from search.evaluate import memory
+    from search.space import LayoutSpace
+
+    truth = replace(TRUTH, memory_calibration={"t": 1.25, "m": 0.9, "L": 1.2, "E": 1.0})
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel,
+                       observe(["Et*3|t*7|t*6m|L", "Et|t*15|m|L"], costs=truth))  # fmt: skip
+    layout = Layout.parse("Et*4|t*5|t*5|t*2mL", HANDBOOK.parallel.pp)
+    (measured,) = observe([str(layout)], costs=truth)
+    model = build_cost_model(HANDBOOK.model, HANDBOOK.parallel, result.costs, MICROBATCHES)
+    space, cuts = LayoutSpace.holding(layout)
+    counts = space.unit_counts(cuts[None], model.units, model.moe_pattern)
+    predicted_mb = (memory(model, counts, layout.pp)[0] - model.overhead_bytes) / 2**20
+    assert predicted_mb == pytest.approx(measured.max_allocated_mb, rel=0.05)
+
+
+def test_every_ranks_max_allocated_line_counts():
+    """A stage's peak is the largest any of its ranks (TP/CP/DP peers) reported."""
+    layout = Layout.parse(KEPT[0], HANDBOOK.parallel.pp)
+    parsed = parse_log(synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, TRUTH,
+                                     MICROBATCHES))  # fmt: skip
+    first = parsed.memory[0]
+    peer = replace(first, rank=first.rank + 1, max_allocated_mb=first.max_allocated_mb + 100.0)
+    run = observation_from_records("run", parsed.timers, [*parsed.memory, peer], layout,
+                                   HANDBOOK.parallel, MICROBATCHES)  # fmt: skip
+    stage = first.rank // (HANDBOOK.parallel.world_size // HANDBOOK.parallel.pp)
+    assert run.max_allocated_mb[stage] == pytest.approx(first.max_allocated_mb + 100.0)
+    assert np.isfinite(run.max_allocated_mb).all()
+
+
 # --- p2p within and across nodes, and the per-transfer latency -------------------------------
 
 # Layouts that keep MTP beside the loss: the simulator multiplies an MTP-standalone layout's step
@@ -147,20 +180,33 @@ KEPT = ("Ett|t*6|t*8|mL", "E|t*8|t*8|mL")
 ON_4_GPU_NODES = replace(TRUTH, gpus_per_node=4)  # PP=4 x DP=2: stages 0-1 and 2-3 share a node
 
 
-def observe_on(costs, texts=KEPT, extra_p2p_ms=0.0, parallel=HANDBOOK.parallel, steps=True):
-    """Noise-free runs of ``texts`` simulated on ``costs.gpus_per_node``-GPU nodes; the printed
-    step pays ``extra_p2p_ms`` on every transfer (the timers do not); ``steps=False`` drops the
-    iteration lines, as a log without them would."""
+def observe_on(
+    costs,
+    texts=KEPT,
+    extra_p2p_ms=0.0,
+    parallel=HANDBOOK.parallel,
+    steps=True,
+    microbatches=(MICROBATCHES, MICROBATCHES),
+):
+    """Noise-free runs of ``texts`` (with ``microbatches``) simulated on
+    ``costs.gpus_per_node``-GPU nodes; the printed step pays ``extra_p2p_ms`` on every transfer
+    (the timers do not); ``steps=False`` drops the iteration lines, as a log without them
+    would."""
     runs = []
-    for index, text in enumerate(texts):
+    for index, (text, count) in enumerate(zip(texts, microbatches, strict=True)):
         layout = Layout.parse(text, parallel.pp)
-        log = synthetic_log(HANDBOOK.model, parallel, layout, costs, MICROBATCHES, iterations=8,
+        log = synthetic_log(HANDBOOK.model, parallel, layout, costs, count, iterations=8,
                             seed=index, extra_p2p_ms=extra_p2p_ms)  # fmt: skip
         if not steps:
             log = "".join(line for line in log.splitlines(True) if " iteration " not in line)
         runs.append(observation_from_log(f"run{index}", parse_log(log), layout, parallel,
-                                         MICROBATCHES))  # fmt: skip
+                                         count))  # fmt: skip
     return runs
+
+
+# Runs of 8 and 32 micro-batches: the latency costs the longer one more transfers, a fixed tail
+# the same, so their steps tell the two apart.
+APART = (MICROBATCHES, 4 * MICROBATCHES)
 
 
 def test_inter_node_links_follow_megatrons_rank_order():
@@ -203,7 +249,7 @@ def test_the_wrong_node_size_cannot_tell_the_links_apart():
     """Told 8-GPU nodes, every boundary of the 4-GPU runs is taken as intra-node: intra is the
     fastest call (0.4), inter is only the guess's ratio to it, and the steps, which paid 2.0 ms
     on two of the four boundaries, are matched by a latency the data does not have."""
-    runs = observe_on(ON_4_GPU_NODES)
+    runs = observe_on(ON_4_GPU_NODES, microbatches=APART)
     result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=8)
     guess = costs_from_flops(HANDBOOK.model, HANDBOOK.parallel)
     ratio = guess.p2p_inter_node_ms / guess.p2p_intra_node_ms
@@ -242,9 +288,10 @@ def test_interleaved_runs_give_back_the_inter_node_p2p():
 
 @pytest.mark.parametrize("latency", [0.3, 1.0])
 def test_the_per_transfer_latency_comes_back_from_the_step_times(latency):
-    runs = observe_on(ON_4_GPU_NODES, extra_p2p_ms=latency)
+    runs = observe_on(ON_4_GPU_NODES, extra_p2p_ms=latency, microbatches=APART)
     result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
     assert result.p2p_latency_ms == pytest.approx(latency, rel=0.1)
+    assert result.costs.tail_fixed_ms < 0.05 * latency
     assert result.costs.p2p_intra_node_ms == pytest.approx(0.4 + latency, rel=0.05)
     assert result.costs.p2p_inter_node_ms == pytest.approx(2.0 + latency, rel=0.05)
     assert set(result.step_errors) == {"run0", "run1"}
@@ -256,6 +303,48 @@ def test_the_per_transfer_latency_comes_back_from_the_step_times(latency):
     assert result.costs.backward_ms == untimed.costs.backward_ms
 
 
+@pytest.mark.parametrize("fixed", [5.0, 40.0])
+def test_a_fixed_step_tail_comes_back_and_p2p_stays_the_bare_transfer(fixed):
+    """Runs of one micro-batch count cannot tell a fixed tail from a latency: the fit takes the
+    fixed tail (p2p stays what the timers measured) and says so."""
+    truth = replace(ON_4_GPU_NODES, tail_fixed_ms=fixed)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, observe_on(truth), gpus_per_node=4)
+    assert result.costs.tail_fixed_ms == pytest.approx(fixed, rel=0.02)
+    assert result.p2p_latency_ms == 0.0
+    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.02)
+    assert result.costs.p2p_inter_node_ms == pytest.approx(2.0, rel=0.02)
+    assert result.costs.grad_sync_ms_per_gparam == pytest.approx(20.0, rel=0.01)
+    assert result.costs.optimizer_ms_per_gparam == pytest.approx(5.0, rel=0.01)
+    assert all(abs(e) < 0.001 for e in result.step_errors.values())
+    assert any("cannot tell it from a per-transfer latency" in w for w in result.warnings)
+
+
+def test_a_fixed_tail_and_a_latency_come_back_together_from_other_micro_batch_counts():
+    truth = replace(ON_4_GPU_NODES, tail_fixed_ms=12.0)
+    runs = observe_on(truth, extra_p2p_ms=0.5, microbatches=APART)
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
+    assert result.costs.tail_fixed_ms == pytest.approx(12.0, rel=0.1)
+    assert result.p2p_latency_ms == pytest.approx(0.5, rel=0.1)
+    assert result.costs.p2p_intra_node_ms - result.p2p_latency_ms == pytest.approx(0.4, rel=0.02)
+    assert all(abs(e) < 0.001 for e in result.step_errors.values())
+    assert not any("cannot tell" in w for w in result.warnings)
+
+
+def test_noisy_steps_keep_the_fixed_tail_within_the_noise():
+    truth = replace(TRUTH, tail_fixed_ms=30.0)
+    runs = []
+    for index, text in enumerate(KEPT * 2):
+        layout = Layout.parse(text, HANDBOOK.parallel.pp)
+        log = synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, truth, MICROBATCHES,
+                            iterations=12, noise_cv=0.02, seed=index)  # fmt: skip
+        runs.append(observation_from_log(f"run{index}", parse_log(log), layout,
+                                         HANDBOOK.parallel, MICROBATCHES))  # fmt: skip
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs)
+    step = np.mean([run.step_ms for run in runs])
+    assert abs(result.costs.tail_fixed_ms - 30.0) < 0.02 * step
+    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.05)
+
+
 def test_no_latency_in_the_data_fits_none_and_changes_nothing():
     runs = observe_on(ON_4_GPU_NODES)
     assert all(run.step_ms is not None for run in runs)
@@ -263,6 +352,7 @@ def test_no_latency_in_the_data_fits_none_and_changes_nothing():
     untimed = fit_costs(HANDBOOK.model, HANDBOOK.parallel,
                         [replace(run, step_ms=None) for run in runs], gpus_per_node=4)  # fmt: skip
     assert result.p2p_latency_ms < 0.01 * 0.4
+    assert result.costs.tail_fixed_ms < 0.01
     assert untimed.p2p_latency_ms == 0.0 and untimed.step_errors == {}
     for key in ("p2p_intra_node_ms", "p2p_inter_node_ms"):
         assert getattr(result.costs, key) == pytest.approx(getattr(untimed.costs, key), rel=0.01)

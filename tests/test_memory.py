@@ -10,9 +10,9 @@ import pytest
 from ray_layout.model.costs import costs_from_flops, load_costs
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.layout import Layout
-from ray_layout.model.sizing import stage_sizes
+from ray_layout.model.sizing import GIB, stage_sizes
 from ray_layout.model.spec import ParallelConfig, build_recipe, load_recipe_file
-from search.memory import GIB, StageMemory, activation_bytes, fits, logits_bytes, stage_memory
+from search.memory import StageMemory, activation_bytes, fits, logits_bytes, stage_memory
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 COSTS = load_costs("configs/costs/handbook_h200_example.json")

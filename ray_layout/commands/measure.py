@@ -27,6 +27,7 @@ from ray_layout.commands.searching import (
     hbm_flag,
     microbatch_count,
     microbatches_flag,
+    tflops_flag,
     unit_costs,
 )
 from ray_layout.errors import ConfigError
@@ -42,7 +43,7 @@ from ray_layout.measure.ingest import (
 )
 from ray_layout.measure.observations import RunObservation
 from ray_layout.measure.store import CostStore
-from ray_layout.model.costs import FLOPS_TFLOPS, costs_from_flops, save_costs
+from ray_layout.model.costs import costs_from_flops, save_costs
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
 
 RUN_METAVAR = "LAYOUT=PATH"
@@ -62,6 +63,7 @@ class ProfileLayoutsSettings(ModelSettings):
     )
     runs: int = option(2, help="at least this many runs", checks=[between(1, MAX_PROFILE_RUNS)])
     train_iters: int = option(20, checks=[between(1, MAX_ITERATIONS)])
+    tflops: float = tflops_flag()
     as_json: bool = json_flag()
 
 
@@ -69,9 +71,9 @@ def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> N
     recipe = settings.recipe()
     check_search_size(recipe)
     guess = (
-        unit_costs(settings.costs, recipe, allow_mismatch=True)  # it only orders the runs
+        unit_costs(settings.costs, recipe, True, settings.tflops)  # it only orders the runs
         if settings.costs
-        else costs_from_flops(recipe.model, recipe.parallel, FLOPS_TFLOPS)
+        else costs_from_flops(recipe.model, recipe.parallel, settings.tflops)
     )
     one_chunk = replace(recipe, parallel=replace(recipe.parallel, vpp=1))
     design = profile_design(

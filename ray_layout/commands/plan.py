@@ -242,7 +242,8 @@ def _print_sweep(report: dict[str, Any], console: Console, title: str) -> None:
 
 def run_plan(settings: PlanSettings, console: Console) -> None:
     recipe = settings.recipe()
-    costs = unit_costs(settings.search.costs, recipe, settings.search.allow_cost_mismatch)
+    search = settings.search
+    costs = unit_costs(search.costs, recipe, search.allow_cost_mismatch, search.tflops)
     if settings.sweep_vpp:
         title = f"{recipe.model.name}: PP={recipe.parallel.pp}, VPP sweep"
         show = partial(_print_sweep, title=title)

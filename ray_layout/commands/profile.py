@@ -21,11 +21,11 @@ from ray_layout.commands.checks import (
 )
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import Settings, option
-from ray_layout.commands.searching import check_search_size
+from ray_layout.commands.searching import check_search_size, tflops_flag
 from ray_layout.errors import ConfigError, RunFailure
 from ray_layout.measure.design import profile_design
 from ray_layout.measure.store import CostStore
-from ray_layout.model.costs import FLOPS_TFLOPS, costs_from_flops
+from ray_layout.model.costs import costs_from_flops
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.spec import MAX_PARALLEL_SIZE
 
@@ -92,6 +92,7 @@ class ProfileSettings(ModelSettings):
     )
     gpus_per_node: int = option(4, checks=[between(1, MAX_PARALLEL_SIZE)])
     train_iters: int = option(8, checks=[between(1, MAX_ITERATIONS)])
+    tflops: float = tflops_flag()
     timeout_s: float = seconds_flag(1800.0)
     heartbeat_s: float = seconds_flag(600.0)
     as_json: bool = json_flag()
@@ -102,7 +103,7 @@ def _layouts(settings: ProfileSettings, recipe) -> list[Layout]:
     model, parallel = recipe.model, recipe.parallel
     if not settings.layout:
         check_search_size(recipe)
-        guess = costs_from_flops(model, parallel, FLOPS_TFLOPS)
+        guess = costs_from_flops(model, parallel, settings.tflops)
         microbatches = parallel.num_microbatches_or_none or 8
         return list(profile_design(model, parallel, microbatches, guess).layouts)
     layouts = [Layout.parse(text, parallel.pp) for text in settings.layout]

@@ -46,6 +46,14 @@ def microbatches_flag(help: str | None = MICROBATCHES_HELP) -> Any:
     return option(None, help=help, checks=[between(1, MAX_MICROBATCHES)])
 
 
+def tflops_flag() -> Any:
+    return option(
+        FLOPS_TFLOPS,
+        help="achieved bf16 TFLOP/s per GPU that FLOP-derived costs assume",
+        checks=[positive, finite],
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SearchFlags(Settings):
     """Unit costs, the step's micro-batches, memory and Monte Carlo: the search's inputs."""
@@ -65,21 +73,25 @@ class SearchFlags(Settings):
     allow_cost_mismatch: bool = option(
         False, help="use a COSTS.json measured on another model shape, with a warning"
     )
+    tflops: float = tflops_flag()
 
 
-def unit_costs(costs: str, recipe: Recipe, allow_mismatch: bool = False) -> UnitCosts:
-    """``--costs``: a COSTS.json, or costs derived from FLOPs (with a warning on stderr).
+def unit_costs(
+    costs: str, recipe: Recipe, allow_mismatch: bool = False, tflops: float = FLOPS_TFLOPS
+) -> UnitCosts:
+    """``--costs``: a COSTS.json, or costs derived from FLOPs at ``tflops`` (with a warning on
+    stderr).
 
     A COSTS.json measured on another shape (model, sequence, micro-batch, TP/CP/EP,
     vocabulary) times other work: refused, or a warning where ``allow_mismatch``."""
     if costs == "flops":
         print(
             "warning: --costs flops derives unit costs from FLOPs at "
-            f"{FLOPS_TFLOPS:.0f} TFLOP/s per GPU; measured costs differ (the MTP and output "
+            f"{tflops:g} TFLOP/s per GPU (--tflops); measured costs differ (the MTP and output "
             "layers most), so profile and fit before trusting a pick",
             file=sys.stderr,
         )
-        return costs_from_flops(recipe.model, recipe.parallel, FLOPS_TFLOPS)
+        return costs_from_flops(recipe.model, recipe.parallel, tflops)
     loaded = load_costs(costs)
     if problem := unusable_costs(loaded):
         raise ConfigError(f"{costs}: {problem}")
@@ -105,7 +117,8 @@ def unusable_costs(costs: UnitCosts) -> str | None:
     } | {
         name: getattr(costs, name)
         for name in ("p2p_intra_node_ms", "p2p_inter_node_ms", "grad_sync_ms_per_gparam",
-                     "optimizer_ms_per_gparam", "memory_overhead_gib", "mtp_standalone_factor")
+                     "optimizer_ms_per_gparam", "memory_overhead_gib", "mtp_standalone_factor",
+                     "tail_fixed_ms")
     }  # fmt: skip
     for name, value in numbers.items():
         if value > MAX_COST:

@@ -44,7 +44,8 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
     layout = Layout.parse(settings.layout, recipe.parallel.pp)
     validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
     recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
-    costs = unit_costs(settings.search.costs, recipe, settings.search.allow_cost_mismatch)
+    search = settings.search
+    costs = unit_costs(search.costs, recipe, search.allow_cost_mismatch, search.tflops)
     spec, options = search_spec(recipe, settings.search)
     result = simulate_given(layout, Problem(recipe.model, recipe.parallel, costs, spec, options))
     if settings.timeline:

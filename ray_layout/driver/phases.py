@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from launchers.emulated.profile import load_profile
-from launchers.megatron import ProfileSettings, megatron_arguments
+from launchers.megatron import ARGUMENTS_SOURCE, ProfileSettings, megatron_arguments
 from ray_layout.ab.live import (
     ABOutcome,
     Arm,
@@ -31,11 +31,14 @@ from ray_layout.measure.fit import FitResult, fit_costs
 from ray_layout.measure.ingest import observations_from_store, record_fit
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import UnitCosts, costs_from_flops
+from ray_layout.model.megatron_args import check_arguments
 from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import FINISHED, STOPPED
+from ray_layout.runtime.megatron_help import cluster_flag_table
 from ray_layout.runtime.profiling import (
     EMULATED,
+    MEGATRON,
     Backend,
     LayoutRun,
     ProfiledRun,
@@ -83,8 +86,11 @@ def profile(
         max_parallel=settings.runs_at_once,
     )
     first = design.layouts[0]
-    for note in megatron_arguments(layout_recipe(recipe, first), first, options.settings).notes:
+    arguments = megatron_arguments(layout_recipe(recipe, first), first, options.settings)
+    for note in arguments.notes:
         phases.say(f"your Megatron flags: {note}")  # once: every run replaces the same ones
+    if settings.backend.name == MEGATRON:
+        check_cluster_flags([arguments.argv, recipe.megatron_args], settings, store, phases)
     with phases.bars() as bars:
         tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
         runs = [LayoutRun(layout, watch=bars.watch(task))
@@ -106,6 +112,20 @@ def profile(
             f"profiling run {failed[0].layout} {first.status} ({why}){_logs(settings)}"
         )
     return done
+
+
+def check_cluster_flags(
+    argvs: Sequence[Sequence[str]], settings: TuneSettings, store: CostStore, phases: Phases
+) -> None:
+    """Argument lists (a run's, the user's own flags) against the flag table of the Megatron the
+    cluster runs, read once per study, before any run takes a GPU: a flag that Megatron does not
+    know is a one-line error here.  The runs differ only in values the tuner writes, and in the
+    user's split flags a run without a layout keeps, which the user's own list covers."""
+    flags = cluster_flag_table(settings.backend, store, settings.study)
+    if flags.note:
+        phases.say(flags.note)
+    for argv in argvs:
+        check_arguments(argv, f"{ARGUMENTS_SOURCE} ({flags.source})", flags.flags)
 
 
 def _logs(settings: TuneSettings) -> str:

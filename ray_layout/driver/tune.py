@@ -22,6 +22,7 @@ from ray_layout.ab.live import ABOutcome
 from ray_layout.driver.phases import (
     Searched,
     ab_test,
+    check_cluster_flags,
     choose_arms,
     cluster_cpus,
     cluster_gpus,
@@ -41,6 +42,7 @@ from ray_layout.model.spec import Recipe
 from ray_layout.report.summary import TuneSummary
 from ray_layout.report.terminal import print_summary
 from ray_layout.report.write import write_report
+from ray_layout.runtime.profiling import MEGATRON
 
 NO_AB = ABOutcome("", (), ())
 
@@ -58,6 +60,8 @@ def run_tune(
     model, parallel = recipe.model, recipe.parallel
     with phases.phase("size", f"{model.name} on PP={parallel.pp} VPP={parallel.vpp}"):
         phases.say(_size_line(recipe, settings.study))
+        if settings.backend.name == MEGATRON:  # the user's flags, before the memory probe's GPU
+            check_cluster_flags([recipe.megatron_args], settings, store, phases)
         if settings.hbm_gib is None:  # never assumed: a layout must fit the cluster's GPUs
             hbm_gib, where = cluster_hbm_gib(settings.backend)
             settings = replace(settings, hbm_gib=hbm_gib)
@@ -111,7 +115,7 @@ def _fit_lines(first: FitResult) -> list[str]:
     lines.append(
         f"p2p per transfer {costs.p2p_intra_node_ms:.2f} ms in a node, "
         f"{costs.p2p_inter_node_ms:.2f} ms across (latency {first.p2p_latency_ms:.2f} ms "
-        "fitted to the measured steps)"
+        f"and a fixed step tail of {costs.tail_fixed_ms:.2f} ms fitted to the measured steps)"
     )
     lines += [f"{name}: simulated step {error:+.1%} off the measured"
               for name, error in first.step_errors.items()]  # fmt: skip

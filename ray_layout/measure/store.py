@@ -238,6 +238,11 @@ class CostStore:
             raise
         return True
 
+    def megatron_flags_path(self, study: str) -> Path:
+        """The JSON file caching the flag table of the cluster's Megatron for ``study``."""
+        _check_study(study)
+        return self.root / "_megatron_flags" / f"{study}.json"
+
     def _partition(self, table: str, study: str) -> Path:
         return self.root / f"table={table}" / f"study={study}"
 

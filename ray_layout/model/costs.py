@@ -45,6 +45,18 @@ UNITS = (EMBEDDING, DECODER, DENSE_DECODER, MOE_DECODER, MTP, LOSS)
 ADAM_BYTES_MOVED = GRAD_BYTES + 2 * OPTIMIZER_BYTES + WEIGHT_BYTES
 
 FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed when costs come from FLOPs
+HBM_GB_PER_S = 3000.0  # achieved HBM bandwidth per GPU for the memory-bound parts of a guess
+
+# Backward over forward of FLOP-derived units.  A decoder layer's backward runs two GEMMs per
+# forward GEMM (input and weight gradients).  The output layer + loss measured 1.16-1.30x its
+# forward in the seed study: its forward also computes the fp32 softmax over the vocabulary,
+# whose gradient backward gets nearly for free.  The MTP layer is a decoder layer first: 2x.
+BACKWARD_RATIO = 2.0
+LOSS_BACKWARD_RATIO = 1.23
+# Bytes the embedding's backward moves per element of its (TP-sharded) table each micro-batch:
+# PyTorch's dense embedding gradient is zero-filled (2) and read (2) by Megatron's hook, which
+# adds it into the fp32 main gradient (read 4, write 4).
+EMBEDDING_GRAD_BYTES_MOVED = 2 * WEIGHT_BYTES + 2 * GRAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -53,7 +65,8 @@ class UnitCosts:
     and memory calibration, with the run shape they were measured or derived under.
 
     The step tail of a PP rank is ``(grad_sync_ms_per_gparam + optimizer_ms_per_gparam) x`` the
-    billions of parameters one GPU of that rank holds (see :func:`step_tail_ms`).  Units missing
+    billions of parameters one GPU of that rank holds, plus ``tail_fixed_ms`` (see
+    :func:`step_tail_ms`).  Units missing
     from ``jitter_cv`` have no jitter; units missing from ``memory_calibration`` have factor 1.
     """
 
@@ -76,6 +89,9 @@ class UnitCosts:
     memory_calibration: Mapping[str, float] = field(default_factory=dict)
     memory_overhead_gib: float = 3.0  # CUDA context, NCCL and allocator slack, per GPU
     mtp_standalone_factor: float = 1.12  # the seed study: MTP-standalone layouts ran 12% slower
+    # Per step on every PP rank, whatever it holds: optimizer and grad-norm kernel launches,
+    # logging, the iteration's bookkeeping.  0 in costs written before it was.
+    tail_fixed_ms: float = 0.0
     format: str = FORMAT
 
     def __post_init__(self) -> None:
@@ -225,11 +241,13 @@ def costs_from_flops(
     *,
     intra_node_gb_per_s: float = 150.0,
     inter_node_gb_per_s: float = 25.0,
-    hbm_gb_per_s: float = 3000.0,
+    hbm_gb_per_s: float = HBM_GB_PER_S,
     gpus_per_node: int = 8,
 ) -> UnitCosts:
     """A guess for when nothing was measured: compute at ``tflops_per_gpu`` achieved, backward
-    twice forward, transfers and the step tail at the given bandwidths.
+    at BACKWARD_RATIO (LOSS_BACKWARD_RATIO for the output layer) of forward, the embedding from
+    the bytes it moves (:func:`embedding_ms`), transfers and the step tail at the given
+    bandwidths.
 
     Measured costs differ: in the seed study FLOPs put the MTP layer at 4 decoder layers and the
     output layer at 2.9, where the timers said 1.4 and 3.6-4.0.  Prefer a fit.
@@ -239,6 +257,10 @@ def costs_from_flops(
     forward = {
         u: s.forward_flops / shards / (tflops_per_gpu * 1e12) * 1e3 for u, s in sizes.items()
     }
+    backward = {
+        u: (LOSS_BACKWARD_RATIO if u == LOSS else BACKWARD_RATIO) * ms for u, ms in forward.items()
+    }
+    forward[EMBEDDING], backward[EMBEDDING] = embedding_ms(model, parallel, hbm_gb_per_s)
     # Megatron sends [s/(TP.CP), b, h] bf16 between stages under sequence parallelism.
     p2p_bytes = WEIGHT_BYTES * model.seq_length * parallel.micro_batch_size * model.hidden_size
     p2p_bytes /= shards
@@ -249,7 +271,7 @@ def costs_from_flops(
     optimizer_shard = dp if parallel.use_distributed_optimizer else 1
     return UnitCosts(
         forward_ms=forward,
-        backward_ms={u: 2 * ms for u, ms in forward.items()},
+        backward_ms=backward,
         p2p_intra_node_ms=p2p_bytes / (intra_node_gb_per_s * 1e9) * 1e3,
         p2p_inter_node_ms=p2p_bytes / (inter_node_gb_per_s * 1e9) * 1e3,
         grad_sync_ms_per_gparam=sync_bytes * (dp - 1) / dp / sync_gb_per_s * 1e3,
@@ -258,6 +280,28 @@ def costs_from_flops(
         gpus_per_node=gpus_per_node,
         **provenance(model, parallel),
     )
+
+
+def embedding_ms(
+    model: ModelSpec, parallel: ParallelConfig, hbm_gb_per_s: float = HBM_GB_PER_S
+) -> tuple[float, float]:
+    """Forward and backward ms of the embedding per micro-batch: it computes nothing, it moves
+    bytes at ``hbm_gb_per_s``.
+
+    Forward: a GPU's ``b x s / CP`` tokens each read their row when it is in the GPU's vocabulary
+    shard (1/TP of them) and write a full row of the output TP then reduces.  Backward: the
+    tokens' gradient rows are read and added into a dense gradient of the whole shard, which is
+    zero-filled and then accumulated into the fp32 main gradient every micro-batch
+    (EMBEDDING_GRAD_BYTES_MOVED per element): the vocabulary x hidden term that makes it
+    milliseconds at a 256k vocabulary."""
+    row_bytes = model.hidden_size * WEIGHT_BYTES
+    tokens = parallel.micro_batch_size * model.seq_length / parallel.cp
+    table = unit_sizes(model, parallel.micro_batch_size, parallel.tp)[EMBEDDING].params
+    elements = table.tp_sharded / parallel.tp
+    forward_bytes = tokens * row_bytes * (1 + 1 / parallel.tp)
+    backward_bytes = 2 * tokens * row_bytes + elements * EMBEDDING_GRAD_BYTES_MOVED
+    per_ms = hbm_gb_per_s * 1e9 / 1e3
+    return forward_bytes / per_ms, backward_bytes / per_ms
 
 
 def stage_units(model: ModelSpec, stages: Sequence[str]) -> list[list[str]]:
@@ -290,7 +334,9 @@ def step_tail_ms(costs: UnitCosts, stage: StageSize) -> float:
 
     Scaled by the parameters one GPU of the rank holds, in billions: dense weights split by TP,
     replicated ones whole, expert weights split by EP x ETP, summed over the rank's chunks, before
-    any DP split of the distributed optimizer (``stage.memory.weights`` / 2 bytes).
+    any DP split of the distributed optimizer (``stage.memory.weights`` / 2 bytes); plus the
+    fixed per-step overhead every rank pays.
     """
     gparams = stage.memory.weights / WEIGHT_BYTES / 1e9
-    return (costs.grad_sync_ms_per_gparam + costs.optimizer_ms_per_gparam) * gparams
+    per_gparam = costs.grad_sync_ms_per_gparam + costs.optimizer_ms_per_gparam
+    return per_gparam * gparams + costs.tail_fixed_ms

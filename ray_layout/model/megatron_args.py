@@ -80,8 +80,11 @@ _USED = MODEL_KEYS | set(_PARALLEL_FIELDS) | {"num_layers_per_virtual_pipeline_s
 _LAUNCHER_SIZES = {"--nproc_per_node": "nproc", "--nproc-per-node": "nproc", "--nnodes": "nnodes"}
 
 
+FlagTable = dict[str, dict[str, Any]]  # option string -> argparse entry
+
+
 @cache
-def megatron_flag_table() -> dict[str, dict[str, Any]]:
+def megatron_flag_table() -> FlagTable:
     """Every option string of Megatron's parser -> its argparse entry (dest, nargs, type, choices,
     default), as dumped from megatron-core 0.16.1.  Cached: treat it as read-only."""
     entries = json.loads(_FLAG_TABLE.read_text())
@@ -270,14 +273,17 @@ class FlagUse:
     values: tuple[str, ...]  # the words it takes; none for a switch
 
 
-def walk_flags(words: Sequence[str], source: str, *, strict: bool) -> Iterator[FlagUse]:
-    """Walk ``words`` as Megatron's argparse does: each option with the words it takes.
+def walk_flags(
+    words: Sequence[str], source: str, *, strict: bool, table: FlagTable | None = None
+) -> Iterator[FlagUse]:
+    """Walk ``words`` as Megatron's argparse does (``table``: the bundled one unless given): each
+    option with the words it takes.
 
     Raises :class:`ConfigError` (prefixed by ``source``) at an unknown flag, a value given to a
     switch or too few values.  A word that no option takes is an error when ``strict``; otherwise
     it is skipped, as a launch script leaves shell words around (the ``2`` of ``2>&1``).
     """
-    table = megatron_flag_table()
+    table = table or megatron_flag_table()
     i = 0
     while i < len(words):
         word = words[i]
@@ -333,12 +339,12 @@ def typed_value(use: FlagUse, text: str, source: str) -> Any:
     return value
 
 
-def check_arguments(args: Sequence[str], source: str) -> None:
+def check_arguments(args: Sequence[str], source: str, table: FlagTable | None = None) -> None:
     """Walk ``args`` as Megatron's argparse would and raise :class:`ConfigError` at the first
     unknown flag, stray word, wrong number of values, value of the wrong type or value outside
     the flag's choices.  Values of Megatron's own converters (``--moe-layer-freq``, enums, ...)
     are not in the flag table and are not checked."""
-    for use in walk_flags(args, source, strict=True):
+    for use in walk_flags(args, source, strict=True, table=table):
         for text in use.values:
             typed_value(use, text, source)
 

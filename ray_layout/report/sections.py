@@ -289,6 +289,10 @@ def _memory(
     measured = (arm.measured_memory_gib if arm is not None else None) or ()
     layout = pick_layout(summary)
     hbm = summary.hbm_gib if finite(summary.hbm_gib) else None
+    # Megatron's "max allocated" is PyTorch's allocator alone: the prediction less the CUDA
+    # context, NCCL and allocator slack (memory_overhead_gib) is what it measures
+    costs = summary.unit_costs
+    overhead = costs.memory_overhead_gib if costs is not None else None
     if predicted:
         rows = []
         for rank, gib in enumerate(predicted):
@@ -299,24 +303,46 @@ def _memory(
                 else "—"
             )
             peak = max(gib, seen) if finite(seen) else gib
+            allocated = gib - overhead if overhead is not None else None
+            error = allocated / seen - 1 if finite(allocated) and finite(seen) and seen else None
             rows.append(
                 (
                     str(rank),
                     Code(units),
                     show_gib(gib),
+                    show_gib(allocated),
                     show_gib(seen),
+                    f"{error:+.1%}" if error is not None else "—",
                     show_gib(hbm),
                     show_gib(hbm - peak) if hbm is not None else "—",
                 )
             )
         blocks.append(
             Table(
-                ("PP rank", "Units", "Predicted GiB", "Measured GiB", "HBM GiB", "Headroom GiB"),
+                (
+                    "PP rank",
+                    "Units",
+                    "Predicted GiB",
+                    "Predicted allocated GiB",
+                    "Measured max allocated GiB",
+                    "Error",
+                    "HBM GiB",
+                    "Headroom GiB",
+                ),
                 tuple(rows),
-                (True, False, True, True, True, True),
+                (True, False, True, True, True, True, True, True),
             )
         )
-        blocks.append(Para(("Headroom is HBM less the larger of predicted and measured.",)))
+        blocks.append(
+            Para(
+                (
+                    "Predicted allocated is the prediction less the fixed per-GPU overhead "
+                    "(CUDA context, NCCL, allocator slack), which Megatron's max allocated does "
+                    "not count; the error compares the two. Headroom is HBM less the larger of "
+                    "predicted and measured.",
+                )
+            )
+        )
     else:
         blocks.append(Para(("No memory per stage was given for the pick.",)))
     blocks.append(_figure_or_note("memory", figures, skipped))
