@@ -208,26 +208,29 @@ def test_four_ranks_print_megatrons_logs(tmp_path):
     for interval in steady:
         timers = {(r.timer, r.rank): r.ms for r in parsed.timers if r.interval == interval}
         for rank in range(4):
-            # sleeps overshoot a little and gloo adds its latency: never much below, a bit above
+            # timers read the scheduled clock: the costs within the jitter however loaded the
+            # machine (3% per op, about 1% over 8 micro-batches)
             expected = MICROBATCHES * stage_forward[rank]
-            # sleeps never undershoot; on a loaded 2-core machine they overshoot by up to ~1.5x
-            # (seen with a second test run beside this one), while double counting would be 2x
-            assert 0.97 * expected < timers["forward-compute", rank] < 1.8 * expected
+            assert 0.95 * expected < timers["forward-compute", rank] < 1.05 * expected
             expected = MICROBATCHES * stage_backward[rank]
-            assert 0.97 * expected < timers["backward-compute", rank] < 1.8 * expected
+            assert 0.95 * expected < timers["backward-compute", rank] < 1.05 * expected
             assert ("all-grads-sync", rank) in timers and ("optimizer", rank) in timers
         assert {r for t, r in timers if t == "forward-recv"} == {1, 2, 3}  # waits are real
         assert {r for t, r in timers if t == "backward-recv"} == {0, 1, 2}
 
-    # The simulator, an independent implementation, predicts the same step.
+    # The simulator, an independent implementation, predicts the same step (the ranks' own
+    # step tails included); real overhead is kept out by the deadlines, the jitter stays.
+    config = run_config(HANDBOOK, 4)
+    tails = [rank_costs(config, costs, rank) for rank in range(4)]
     predicted = simulate(
         compile_schedule(4, 1, MICROBATCHES),
         stage_durations(stage_forward),
         stage_durations(stage_backward),
         np.full(4, costs.p2p_intra_node_ms),
-    )
+        tail_ms=np.array([tail.grad_sync_ms + tail.optimizer_ms for tail in tails]),
+    ).step[0]
     step_ms = [r.elapsed_ms for r in parsed.iterations[2:]]
-    assert 0.95 * predicted.step[0] < min(step_ms) and max(step_ms) < 2.0 * predicted.step[0]
+    assert 0.97 * predicted < min(step_ms) and max(step_ms) < 1.05 * predicted
 
 
 def test_unknown_flag_exits_2_with_one_line():

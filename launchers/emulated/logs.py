@@ -4,9 +4,8 @@ its timers and timer blocks, iteration lines and memory lines."""
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from launchers.emulated.config import RunConfig
@@ -37,18 +36,20 @@ _LEVEL1 = frozenset(LEVEL1_TIMERS)
 
 
 class Timers:
-    """Megatron's timers on one rank: seconds accumulated per name until reset."""
+    """Megatron's timers on one rank: seconds accumulated per name until reset, read from
+    ``now`` (the emulated clock's scheduled time, so real overhead stays out of them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
         self.seconds: defaultdict[str, float] = defaultdict(float)
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start = self.now()
         try:
             yield
         finally:
-            self.seconds[name] += time.perf_counter() - start
+            self.seconds[name] += self.now() - start
 
 
 def timer_block(

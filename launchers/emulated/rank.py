@@ -3,16 +3,20 @@
 Pipeline neighbours exchange real tensors over gloo, batched like Megatron's
 ``batch_isend_irecv`` and waited together (a gloo send completes only once its receive is
 posted, as with NCCL), so bubbles and waits emerge from real concurrency; each tensor carries its
-micro-batch and stage, and a compute whose input has not arrived is an error.  Compute sleeps
-for its cost with lognormal noise, a transfer sleeps the link's time on the sender, the step tail
-runs a real all-reduce over the DP group; every sleep is multiplied by the profile's
-``time_scale``.
+micro-batch, stage and the time it was sent, and a compute whose input has not arrived is an
+error.  Compute lasts its cost with lognormal noise; a transfer lasts the link's time from
+when both its ends have posted (each stamps its post time on what it sends: the data one way,
+an acknowledgement the other); the step tail runs a real all-reduce over the DP group and the
+step ends on one over the world, as the optimizer's grad-norm all-reduce ends it.  Every cost
+is multiplied by the profile's ``time_scale`` and kept against deadlines
+(:mod:`launchers.emulated.clock`): waits for a peer are real, the time a rank resumes at is
+the scheduled one.
 """
 
 from __future__ import annotations
 
 import math
-import time
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -21,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from launchers.emulated.clock import Clock
 from launchers.emulated.config import RunConfig
 from launchers.emulated.costs import rank_costs
 from launchers.emulated.logs import (
@@ -50,6 +55,7 @@ from search.schedule import (
 _POST_ORDER = (SEND_PREV, RECV_PREV, SEND_NEXT, RECV_NEXT)
 _TAG = {SEND_NEXT: 1, RECV_PREV: 1, SEND_PREV: 2, RECV_NEXT: 2}
 _SENDS = frozenset({SEND_NEXT, SEND_PREV})
+_ACK_TAG = {transfer: tag + 2 for transfer, tag in _TAG.items()}
 
 
 class EmulatedRank:
@@ -71,7 +77,8 @@ class EmulatedRank:
         # TP and CP peers run in lockstep on a real cluster: give them the same noise.
         self.rng = np.random.default_rng([config.seed, self.pp_rank, self.dp_rank])
         self.sigma = math.sqrt(math.log1p(profile.jitter_cv**2))
-        self.timers = Timers()
+        self.clock = Clock(profile.time_scale)
+        self.timers = Timers(lambda: self.clock.now)
         self.num_stages = p.pp * p.vpp
         self.pp_group: dist.ProcessGroup | None = None
         self.dp_group: dist.ProcessGroup | None = None
@@ -107,12 +114,16 @@ class EmulatedRank:
             same = nodes[peer] == node
             self.send_ms[transfer] = costs.p2p_intra_node_ms if same else costs.p2p_inter_node_ms
 
-    def _sleep(self, ms: float) -> None:
-        time.sleep(ms * self.profile.time_scale / 1e3)
+    def _synchronize(self, group: dist.ProcessGroup | None) -> None:
+        """A real all-reduce over ``group`` that leaves every member at the latest one's
+        scheduled time."""
+        latest = torch.tensor([self.clock.now], dtype=torch.float64)
+        dist.all_reduce(latest, op=dist.ReduceOp.MAX, group=group)
+        self.clock.reach(latest.item())
 
     def _barrier(self) -> None:
         if self.config.barrier_with_l1_time:
-            dist.barrier()
+            self._synchronize(None)
 
     def train(self) -> None:
         """Megatron's training loop: a step per iteration, logging at iteration 1 and at every
@@ -122,14 +133,21 @@ class EmulatedRank:
         config, p = self.config, self.config.parallel
         program = rank_program(p.pp, self.pp_rank, p.vpp, config.num_microbatches,
                                config.group_size)  # fmt: skip
-        started, iterations, logged = time.perf_counter(), 0, 0
+        self._start_together()
+        started, iterations, logged = self.clock.now, 0, 0
         for iteration in range(1, config.train_iters + 1):
             self._step(program)
             iterations += 1
             if iteration == 1 or iteration % config.log_interval == 0:
-                per_iteration = (time.perf_counter() - started) / iterations
+                per_iteration = (self.clock.now - started) / iterations
                 self._log(iteration, per_iteration, logged)
-                started, iterations, logged = time.perf_counter(), 0, logged + 1
+                self._start_together()  # logging is real work, not emulated
+                started, iterations, logged = self.clock.now, 0, logged + 1
+        print(self.clock.summary(self.rank), file=sys.stderr, flush=True)
+
+    def _start_together(self) -> None:
+        self.clock.anchor()
+        self._synchronize(None)
 
     def _step(self, program: Sequence[Op]) -> None:
         """The pipeline, then DP gradient sync (inside forward-backward, as
@@ -139,11 +157,12 @@ class EmulatedRank:
             self._pipeline(program)
             self._barrier()
             with self.timers("all-grads-sync"):
-                self._sleep(self.costs.grad_sync_ms)
-                dist.all_reduce(torch.ones(1), group=self.dp_group)
+                self.clock.advance(self.costs.grad_sync_ms)
+                self._synchronize(self.dp_group)
         self._barrier()
         with self.timers("optimizer"):
-            self._sleep(self.costs.optimizer_ms)
+            self.clock.advance(self.costs.optimizer_ms)
+        self._synchronize(None)  # the optimizer's grad-norm all-reduce: the step ends together
 
     def _pipeline(self, program: Sequence[Op]) -> None:
         arrived: dict[str, set[tuple[int, int]]] = {FORWARD: set(), BACKWARD: set()}
@@ -157,7 +176,7 @@ class EmulatedRank:
                     self._exchange(op, done, arrived)
 
     def _compute(self, op: Compute, arrived: Mapping[str, set[tuple[int, int]]]) -> None:
-        """Sleep for the chunk's cost with lognormal noise of mean 1, once its input is here."""
+        """Last the chunk's cost with lognormal noise of mean 1, once its input is here."""
         stage = op.chunk * self.config.parallel.pp + self.pp_rank
         source = stage - 1 if op.kind == FORWARD else stage + 1
         if 0 <= source < self.num_stages and (op.microbatch, source) not in arrived[op.kind]:
@@ -169,7 +188,7 @@ class EmulatedRank:
         ms = (self.costs.forward_ms if forward else self.costs.backward_ms)[op.chunk]
         noise = self.rng.lognormal(-(self.sigma**2) / 2, self.sigma)
         with self.timers(COMPUTE_TIMERS[0] if forward else COMPUTE_TIMERS[1]):
-            self._sleep(ms * noise)
+            self.clock.advance(ms * noise)
 
     def _exchange(
         self,
@@ -177,30 +196,43 @@ class EmulatedRank:
         done: Mapping[str, tuple[int, int]],
         arrived: Mapping[str, set[tuple[int, int]]],
     ) -> None:
-        """One batched call: the sender sleeps the link's transfer time, then every send and
-        receive is posted at once and all are waited for together."""
-        sends = [transfer for transfer in call.transfers if transfer in _SENDS]
-        if sends:
-            self._sleep(max(self.send_ms[transfer] for transfer in sends))
-        ops, received = [], []
+        """One batched call: every send and receive is posted at once, each with its
+        acknowledgement the other way, and all are waited for together.  A transfer starts when
+        both its ends have posted (each learns the other's scheduled post time) and lasts the
+        link's time; the call ends when its last transfer does, as in the simulator."""
+        posted = self.clock.now
+        ops, ends = [], []
         for transfer in _POST_ORDER:
             if transfer not in call.transfers:
                 continue
-            peer = self.next_rank if transfer in (SEND_NEXT, RECV_NEXT) else self.prev_rank
+            toward_next = transfer in (SEND_NEXT, RECV_NEXT)
+            peer = self.next_rank if toward_next else self.prev_rank
+            link_ms = self.send_ms[SEND_NEXT if toward_next else SEND_PREV]
             kind = FORWARD if transfer in (SEND_NEXT, RECV_PREV) else BACKWARD
+            group, tag, ack_tag = self.pp_group, _TAG[transfer], _ACK_TAG[transfer]
             if transfer in _SENDS:
-                tensor = torch.tensor(done[kind], dtype=torch.float32)
-                ops.append(dist.P2POp(dist.isend, tensor, peer, self.pp_group, _TAG[transfer]))
+                data = torch.tensor([*done[kind], posted], dtype=torch.float64)
+                ack = torch.empty(1, dtype=torch.float64)
+                ends.append((link_ms, ack, None))
+                ops.append(dist.P2POp(dist.isend, data, peer, group, tag))
+                ops.append(dist.P2POp(dist.irecv, ack, peer, group, ack_tag))
             else:
-                tensor = torch.empty(2)
-                received.append((kind, tensor))
-                ops.append(dist.P2POp(dist.irecv, tensor, peer, self.pp_group, _TAG[transfer]))
-        if ops:
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
-        for kind, tensor in received:
-            microbatch, stage = (int(value) for value in tensor.tolist())
-            arrived[kind].add((microbatch, stage))
+                data = torch.empty(3, dtype=torch.float64)
+                ack = torch.tensor([posted], dtype=torch.float64)
+                ends.append((link_ms, data, kind))
+                ops.append(dist.P2POp(dist.irecv, data, peer, group, tag))
+                ops.append(dist.P2POp(dist.isend, ack, peer, group, ack_tag))
+        if not ops:
+            return
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+        latest = posted
+        for link_ms, stamped, kind in ends:
+            *sent, partner_posted = stamped.tolist()
+            if kind is not None:
+                arrived[kind].add((int(sent[0]), int(sent[1])))
+            latest = max(latest, max(posted, partner_posted) + self.clock.seconds(link_ms))
+        self.clock.reach(latest)
 
     def _log(self, iteration: int, seconds_per_iteration: float, logged: int) -> None:
         """``training_log``: the iteration line (last rank), memory lines (DP rank 0, first two
