@@ -317,7 +317,7 @@ def _step_overheads(
         warnings.append(
             f"the runs' steps exceed the simulated ones by {fixed:.2f} ms, taken as a fixed step "
             "tail: they cannot tell it from a per-transfer latency (every run has as many "
-            "transfers on its critical path); a run with other micro-batches would"
+            "transfers on its critical path); a run with other micro-batches would separate them"
         )
     return latency, fixed, {r.name: float(e) for r, e in zip(timed, errors, strict=True)}, warnings
 
