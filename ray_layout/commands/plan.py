@@ -18,6 +18,7 @@ from ray_layout.commands.searching import (
     SearchFlags,
     candidate_row,
     check_search_size,
+    largest_stage,
     search_spec,
     unchecked_memory_note,
     unit_costs,
@@ -93,9 +94,8 @@ def _speedup(value: float | None) -> str:
 def _peak_memory(row: dict[str, Any]) -> str:
     """The largest stage's GiB and its rank: one cell however deep the pipeline (per-stage
     figures are in --json)."""
-    memory = row["memory_gib"]
-    rank = max(range(len(memory)), key=memory.__getitem__)
-    return f"{memory[rank]:.0f} (rank {rank})" + ("" if row["fits"] else " OOM")
+    rank, peak = largest_stage(row["memory_gib"])
+    return f"{peak:.0f} (rank {rank})" + ("" if row["fits"] else " OOM")
 
 
 def print_plan(report: dict[str, Any], console: Console) -> None:

@@ -213,11 +213,16 @@ def search_spec(
 COMMON_GPUS_GIB = {"80 GiB (A100/H100)": 80, "141 GiB (H200)": 141, "192 GiB (B200)": 192}
 
 
+def largest_stage(memory_gib: Sequence[float]) -> tuple[int, float]:
+    """The PP rank with the most memory, and its GiB."""
+    rank = max(range(len(memory_gib)), key=memory_gib.__getitem__)
+    return rank, memory_gib[rank]
+
+
 def unchecked_memory_note(memory_gib: Sequence[float]) -> str:
     """What a user without --hbm-gb must know: nothing was filtered, and where the largest stage
     would fit."""
-    rank = max(range(len(memory_gib)), key=memory_gib.__getitem__)
-    peak = memory_gib[rank]
+    rank, peak = largest_stage(memory_gib)
     fits = [name for name, gib in COMMON_GPUS_GIB.items() if peak <= gib]
     where = f"fits {', '.join(fits)}" if fits else "fits none of 80, 141 or 192 GiB"
     return (

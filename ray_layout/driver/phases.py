@@ -35,10 +35,9 @@ from ray_layout.model.megatron_args import check_arguments
 from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import FINISHED, STOPPED
-from ray_layout.runtime.megatron_help import cluster_flag_table
+from ray_layout.runtime.megatron_help import ClusterFlags, cluster_flag_table
 from ray_layout.runtime.profiling import (
     EMULATED,
-    MEGATRON,
     Backend,
     LayoutRun,
     ProfiledRun,
@@ -72,8 +71,10 @@ def profile(
     store: CostStore,
     phases: Phases,
     cancel: threading.Event,
+    cluster_flags: ClusterFlags | None = None,
 ) -> list[ProfiledRun]:
-    """The fewest runs that identify every unit's cost (``profile_design``), on the cluster."""
+    """The fewest runs that identify every unit's cost (``profile_design``), on the cluster;
+    ``cluster_flags`` (the megatron backend's, read once by the tune) check the runs' argv."""
     parallel = recipe.parallel
     guess = costs_from_flops(recipe.model, replace(parallel, vpp=1))
     design = profile_design(recipe.model, parallel, parallel.num_microbatches_or_none, guess,
@@ -89,8 +90,8 @@ def profile(
     arguments = megatron_arguments(layout_recipe(recipe, first), first, options.settings)
     for note in arguments.notes:
         phases.say(f"your Megatron flags: {note}")  # once: every run replaces the same ones
-    if settings.backend.name == MEGATRON:
-        check_cluster_flags([arguments.argv, recipe.megatron_args], settings, store, phases)
+    if cluster_flags is not None:
+        check_against([arguments.argv], cluster_flags)
     with phases.bars() as bars:
         tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
         runs = [LayoutRun(layout, watch=bars.watch(task))
@@ -116,14 +117,21 @@ def profile(
 
 def check_cluster_flags(
     argvs: Sequence[Sequence[str]], settings: TuneSettings, store: CostStore, phases: Phases
-) -> None:
+) -> ClusterFlags:
     """Argument lists (a run's, the user's own flags) against the flag table of the Megatron the
     cluster runs, read once per study, before any run takes a GPU: a flag that Megatron does not
     know is a one-line error here.  The runs differ only in values the tuner writes, and in the
-    user's split flags a run without a layout keeps, which the user's own list covers."""
+    user's split flags a run without a layout keeps, which the user's own list covers.  Returns
+    the table, for the runs' own argument lists later."""
     flags = cluster_flag_table(settings.backend, store, settings.study)
     if flags.note:
         phases.say(flags.note)
+    check_against(argvs, flags)
+    return flags
+
+
+def check_against(argvs: Sequence[Sequence[str]], flags: ClusterFlags) -> None:
+    """Each argument list against a table already read: one line for a flag it does not know."""
     for argv in argvs:
         check_arguments(argv, f"{ARGUMENTS_SOURCE} ({flags.source})", flags.flags)
 

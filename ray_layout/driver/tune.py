@@ -60,14 +60,15 @@ def run_tune(
     model, parallel = recipe.model, recipe.parallel
     with phases.phase("size", f"{model.name} on PP={parallel.pp} VPP={parallel.vpp}"):
         phases.say(_size_line(recipe, settings.study))
-        if settings.backend.name == MEGATRON:  # the user's flags, before the memory probe's GPU
-            check_cluster_flags([recipe.megatron_args], settings, store, phases)
+        cluster_flags = None
+        if settings.backend.name == MEGATRON:  # read once; the user's flags before any GPU
+            cluster_flags = check_cluster_flags([recipe.megatron_args], settings, store, phases)
         if settings.hbm_gib is None:  # never assumed: a layout must fit the cluster's GPUs
             hbm_gib, where = cluster_hbm_gib(settings.backend)
             settings = replace(settings, hbm_gib=hbm_gib)
             phases.say(f"GPU memory {hbm_gib:,.1f} GiB, from {where} (--hbm-gb sets it)")
     with phases.phase("profile", f"profiling runs on the {settings.backend.name} backend"):
-        profiled = profile(recipe, settings, store, phases, cancel)
+        profiled = profile(recipe, settings, store, phases, cancel, cluster_flags)
     with phases.phase("fit", "per-unit costs from every rank's timers"):
         first = first_fit(recipe, store, settings, profiled)
         for line in _fit_lines(first):
