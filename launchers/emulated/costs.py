@@ -9,14 +9,16 @@ simulator's order and timing are not used.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launchers.emulated.config import RunConfig
-from launchers.emulated.schedule import held_at_peak, rank_program
+from launchers.emulated.schedule import held_at_peak, pipeline_programs
 from ray_layout.model.costs import UnitCosts, stage_compute_ms
 from ray_layout.model.layout import MTP
 from ray_layout.model.sizing import WEIGHT_BYTES, stage_sizes
 from search.memory import StageMemory, stage_memory
+from search.schedule import Op
 
 RESERVED_SLACK = 1.05  # the caching allocator reserves a little more than it hands out
 
@@ -33,19 +35,23 @@ class RankCosts:
     held_microbatches: int  # micro-batches whose activations the rank holds at its peak
 
 
-def rank_costs(config: RunConfig, costs: UnitCosts, pp_rank: int) -> RankCosts:
-    """Compute, step tail and peak memory of PP rank ``pp_rank`` under ``costs``."""
+def rank_costs(
+    config: RunConfig,
+    costs: UnitCosts,
+    pp_rank: int,
+    programs: Sequence[Sequence[Op]] | None = None,
+) -> RankCosts:
+    """Compute, step tail and peak memory of PP rank ``pp_rank`` under ``costs``; ``programs``
+    are every PP rank's order of work (default: computed here, see ``pipeline_programs``)."""
     layout, pp = config.layout, config.parallel.pp
     forward, backward = stage_compute_ms(costs, config.model, layout.stages)
     holds_mtp = MTP in "".join(layout.rank_chunks(pp_rank))
     factor = costs.mtp_standalone_factor if layout.mtp_standalone and holds_mtp else 1.0
     stage = stage_sizes(config.model, config.parallel, layout.stages)[pp_rank]
     gparams = stage.memory.weights / WEIGHT_BYTES / 1e9
-    held = [
-        held_at_peak(rank_program(pp, rank, layout.vpp, config.num_microbatches,
-                                  config.group_size), layout.vpp)
-        for rank in range(pp)
-    ]  # fmt: skip
+    if programs is None:
+        programs = pipeline_programs(pp, layout.vpp, config.num_microbatches, config.group_size)
+    held = [held_at_peak(program, layout.vpp) for program in programs]
     memory = stage_memory(config.model, config.parallel, layout, costs, held)[pp_rank]
     return RankCosts(
         forward_ms=tuple(ms * factor for ms in forward[pp_rank::pp]),

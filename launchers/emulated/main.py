@@ -19,8 +19,9 @@ from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, InputEr
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one rank: 0 when it trained, 2 for bad input (one line on stderr, as Megatron's
-    argparse); out of memory, or a failure of its own or of a peer, ends the process with 1."""
+    """Run one rank: bad input returns 2 (one line on stderr, as Megatron's argparse); the
+    process then ends with 0 when it trained, 1 when out of memory or on a failure of its own
+    or of a peer."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         world_size = _env_int("WORLD_SIZE")
@@ -44,16 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(out_of_memory_message(emulated.costs, profile.hbm_gib, device), file=sys.stderr)
             _leave(EXIT_FAILURE)
         emulated.train()
+        dist.barrier()  # no peer still talks to this rank
     except Exception:  # a peer left (gloo: connection closed) or a bug: report it as Python does
         sys.excepthook(*sys.exc_info())
         _leave(EXIT_FAILURE)
-    dist.destroy_process_group()
-    return 0
+    _leave(0)
 
 
 def _leave(code: int) -> NoReturn:
     """Exit at once with ``code``, output flushed, skipping the interpreter's teardown: tearing
-    down a gloo group whose peer has gone can abort the process (SIGABRT) instead."""
+    down gloo's threads can abort the process (SIGABRT, "terminate called without an active
+    exception"), after a peer has gone or, now and then, after a run that ended well."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from launchers.emulated.clock import Clock
 from launchers.emulated.config import RunConfig
-from launchers.emulated.costs import rank_costs
+from launchers.emulated.costs import RankCosts, rank_costs
 from launchers.emulated.logs import (
     COMPUTE_TIMERS,
     Timers,
@@ -36,7 +36,7 @@ from launchers.emulated.logs import (
     timer_block,
 )
 from launchers.emulated.profile import HardwareProfile
-from launchers.emulated.schedule import rank_program
+from launchers.emulated.schedule import pipeline_programs
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
 from search.schedule import (
     BACKWARD,
@@ -71,7 +71,8 @@ class EmulatedRank:
         self.pp_rank = rank // per_stage
         inner = p.tp * p.cp
         self.dp_rank = rank % per_stage // inner
-        self.costs = rank_costs(config, profile.costs, self.pp_rank)
+        self.costs: RankCosts  # known once connected (see :meth:`connect`)
+        self.program: list[Op] = []
         self.next_rank = (rank + per_stage) % world_size
         self.prev_rank = (rank - per_stage) % world_size
         # TP and CP peers run in lockstep on a real cluster: give them the same noise.
@@ -85,16 +86,25 @@ class EmulatedRank:
         self.send_ms: dict[str, float] = {}
 
     def connect(self, node: int) -> None:
-        """Join the world; build every pipeline and DP group (all ranks, same order); learn
-        which neighbours share this rank's node.  Once the nodes are gathered every rank has
-        built its groups, so a rank may leave (out of memory) without hanging the others."""
-        p = self.config.parallel
+        """Join the world; take this rank's order of work and costs from the programs rank 0
+        computed for the whole pipeline; build every pipeline and DP group (all ranks, same
+        order); learn which neighbours share this rank's node.  Once the nodes are gathered
+        every rank has built its groups, so a rank may leave (out of memory) without hanging
+        the others."""
+        config, p = self.config, self.config.parallel
         dist.init_process_group(
             "gloo",
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(minutes=self.config.timeout_minutes),
+            timeout=timedelta(minutes=config.timeout_minutes),
         )
+        shared: list[Any] = [None]
+        if self.rank == 0:
+            shared = [pipeline_programs(p.pp, p.vpp, config.num_microbatches, config.group_size)]
+        dist.broadcast_object_list(shared, src=0)
+        programs = shared[0]
+        self.program = programs[self.pp_rank]
+        self.costs = rank_costs(config, self.profile.costs, self.pp_rank, programs)
         per_stage = self.world_size // p.pp
         for position in range(per_stage):
             group = dist.new_group(list(range(position, self.world_size, per_stage)))
@@ -130,13 +140,11 @@ class EmulatedRank:
         multiple of ``--log-interval``.  Starts with a barrier, as Megatron's set-up ends with
         one: a rank that left (out of memory) makes the others fail here."""
         dist.barrier()
-        config, p = self.config, self.config.parallel
-        program = rank_program(p.pp, self.pp_rank, p.vpp, config.num_microbatches,
-                               config.group_size)  # fmt: skip
+        config = self.config
         self._start_together()
         started, iterations, logged = self.clock.now, 0, 0
         for iteration in range(1, config.train_iters + 1):
-            self._step(program)
+            self._step(self.program)
             iterations += 1
             if iteration == 1 or iteration % config.log_interval == 0:
                 per_iteration = (self.clock.now - started) / iterations

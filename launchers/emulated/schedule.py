@@ -172,6 +172,15 @@ def _interleaved(
     return ops
 
 
+def pipeline_programs(
+    pp: int, vpp: int, num_microbatches: int, group_size: int
+) -> tuple[list[Op], ...]:
+    """Every PP rank's program (:func:`rank_program`), in PP rank order.  One process computes
+    them for the whole job: importing megatron-core takes seconds of CPU, which every rank of
+    a job on one machine would otherwise pay at once."""
+    return tuple(rank_program(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp))
+
+
 def held_at_peak(program: Sequence[Op], vpp: int) -> dict[int, int]:
     """Micro-batches of each chunk whose activations the rank holds (forward done, backward
     not yet) at the first moment it holds the most."""
