@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from ray_layout.errors import MeasurementError
-from ray_layout.measure.design import PAIR, design_rows, profile_design, unit_columns
+from ray_layout.measure.design import (
+    PAIR,
+    design_rows,
+    profile_design,
+    relative_errors,
+    unit_columns,
+)
 from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.log_format import timers_max
 from ray_layout.measure.logs import parse_log
@@ -70,6 +76,61 @@ def test_noisy_logs_stay_within_the_noise():
         assert result.costs.backward_ms[unit] == pytest.approx(TRUTH.backward_ms[unit], rel=cv)
     assert 0 < result.costs.jitter_cv["t"] < 5 * cv
     assert result.max_residual < cv
+
+
+# The design the tune profiles for the handbook on PP=4 with 32 micro-batches (the quickstart)
+QUICKSTART = ("Et*4|t*6|t*6|mL", "E|t*8|t*7|tmL")
+
+
+def test_a_light_unit_is_fitted_from_the_rank_it_holds_alone():
+    """E (1 ms) is alone on PP rank 0 of the second run and beside 40 ms of layers in the first.
+    Weighted by each rank's spread the fit takes it from the light rank, within the noise there;
+    unweighted, the heavy rank's 3% jitter moved it by +9% (forward) and -6% (backward)."""
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, observe(QUICKSTART, noise_cv=0.03))
+    for table in ("forward_ms", "backward_ms"):
+        fitted, truth = getattr(result.costs, table), getattr(TRUTH, table)
+        for unit in ("E", "t"):
+            assert fitted[unit] == pytest.approx(truth[unit], rel=0.01)
+        assert fitted["m"] + fitted["L"] == pytest.approx(truth["m"] + truth["L"], rel=0.01)
+
+
+def relative_errors_of(texts, unit_ms):
+    columns = unit_columns(HANDBOOK.model, True)
+    rows = [design_rows(HANDBOOK.model, Layout.parse(text, 4), columns) for text in texts]
+    stacked = np.concatenate(rows).astype(float)[None]
+    return dict(zip(columns, relative_errors(stacked, np.array(
+        [unit_ms[c] for c in columns]))[0], strict=True))  # fmt: skip
+
+
+def test_relative_errors_are_weighted_least_squares_errors():
+    """Each unit's standard error over its cost when every rank's timer spreads in proportion to
+    its time: (A^T W A)^-1 with W = 1 / stage^2, written out."""
+    texts, costs = ("Et*4|t*6|t*6|mL", "E|t*16|m|L"), TRUTH.backward_ms
+    columns = unit_columns(HANDBOOK.model, True)
+    a = np.concatenate([design_rows(HANDBOOK.model, Layout.parse(t, 4), columns) for t in texts])
+    cost = np.array([costs[c] for c in columns])
+    weights = np.diag(1 / (a @ cost) ** 2)
+    expected = np.sqrt(np.diag(np.linalg.inv(a.T @ weights @ a))) / cost
+    found = relative_errors_of(texts, costs)
+    assert [found[c] for c in columns] == pytest.approx(expected.tolist(), rel=1e-9)
+    assert max(found.values()) <= 1.0  # E, m and L each alone on a rank: at most its cv
+    unresolved = relative_errors_of(texts[:1], costs)  # m and L always together
+    assert all(value == np.inf for value in unresolved.values())
+
+
+def test_the_design_puts_each_unit_where_it_can_be_measured():
+    """A well-conditioned count matrix can still lose a light unit: E beside 4 or 5 layers in
+    every run (the pick of the condition number alone) leaves E forward at 500 times the
+    timers' cv; the design's MTP-standalone pick holds E, m and L each alone."""
+    guess = costs_from_flops(HANDBOOK.model, HANDBOOK.parallel)
+    apart = profile_design(HANDBOOK.model, HANDBOOK.parallel, 32, guess, standalone_mtp=True)
+    assert [str(layout) for layout in apart.layouts] == ["Et*4|t*6|t*6|mL", "E|t*16|m|L"]
+    assert apart.worst_relative_error == pytest.approx(1.0, abs=0.01)
+    beside = relative_errors_of(("Et*4|t*6|t*6|mL", "Et*5|t*9|t*2m|L"), guess.forward_ms)
+    assert beside["E"] > 100 and beside["m"] > 2
+    kept = profile_design(HANDBOOK.model, HANDBOOK.parallel, 32, guess, hbm_gib=131)
+    assert [str(layout) for layout in kept.layouts] == list(QUICKSTART)
+    assert kept.worst_relative_error == pytest.approx(1.0, abs=0.01)
 
 
 def test_dense_and_moe_layers_are_told_apart():

@@ -2,8 +2,10 @@
 
 Every PP rank's ``forward-compute`` (and ``backward-compute``) timer is the sum, over the
 micro-batches it ran, of the units its stage holds; per micro-batch that is one row of a linear
-system (:func:`design_rows`).  The profile design picks a few layouts whose stacked rows are well
-conditioned, fit in memory and run fast, so that the fit can solve for every unit.
+system (:func:`design_rows`).  A timer spreads in proportion to its rank's time (each op's
+jitter is relative), so a unit is measured well only where it is a good share of some rank's
+time: the profile design picks a few layouts, fitting in memory and running fast, under which
+the fit (weighted by the same spread) pins every unit down to a small relative error.
 
 What one layout keeps together cannot be told apart: with MTP always beside the loss only the
 sum m + L is identified (and that is all a planner that keeps them together needs); the split
@@ -28,6 +30,8 @@ from search.schedule import compile_schedule
 from search.space import LayoutSpace
 
 PAIR = "m+L"  # the MTP layers and the loss, fitted as one unit when never measured apart
+# Megatron prints its timers to 0.01 ms: a rank's time (or a unit's cost) below it is taken as it
+TIMER_RESOLUTION_MS = 0.01
 
 
 def unit_columns(model: ModelSpec, mtp_apart: bool) -> tuple[str, ...]:
@@ -52,6 +56,31 @@ def design_rows(model: ModelSpec, layout: Layout, columns: Sequence[str]) -> np.
     return np.column_stack([per_rank[:, : len(columns) - 1], pair])
 
 
+def timer_spread(stage_ms: np.ndarray) -> np.ndarray:
+    """Each rank's timer spread up to one common factor (its jitter's cv): proportional to its
+    time, as relative jitter spreads (clocks and contention on GPUs, the emulator's lognormal);
+    never below the timers' resolution, so that a rank of next to nothing is not trusted without
+    bound."""
+    return np.maximum(stage_ms, TIMER_RESOLUTION_MS)
+
+
+def relative_errors(designs: np.ndarray, unit_ms: np.ndarray) -> np.ndarray:
+    """(n, U): each unit's standard error relative to its cost ``unit_ms`` (U,), in units of the
+    timers' cv with one sample per row, for stacked designs (n, rows, U) fitted by least squares
+    weighted by ``timer_spread``; infinite where the design cannot tell the units apart.
+
+    Weighted, a row is each unit's share of its rank's time, so this is the diagonal of
+    (S^T S)^-1 for the shares S: a unit beside heavier ones on every rank it shares is lost in
+    their noise however well conditioned the counts are (1 ms E beside 40 ms of layers)."""
+    cost = np.maximum(unit_ms, TIMER_RESOLUTION_MS)
+    shares = designs * cost / timer_spread(designs @ cost)[..., None]
+    _, values, vt = np.linalg.svd(shares, full_matrices=False)
+    usable = values[:, -1:] > 1e-9 * values[:, :1]
+    variance = ((vt / np.where(usable, values, 1.0)[..., None]) ** 2).sum(axis=1)
+    full = usable[:, 0] & (values.shape[1] == designs.shape[2])
+    return np.where(full[:, None], np.sqrt(variance), np.inf)
+
+
 PROFILE_FLAGS = ("--timing-log-level", "2", "--timing-log-option", "all", "--log-interval", "1",
                  "--eval-iters", "0")  # fmt: skip
 
@@ -64,6 +93,9 @@ class ProfilePlan:
     columns: tuple[str, ...]
     rank: int
     condition: float  # of the stacked design, columns scaled to unit length
+    # the worst unit's standard error relative to its guessed cost, forward or backward, in
+    # units of the timers' cv with one interval of one micro-batch (``relative_errors``)
+    worst_relative_error: float
     predicted_ms: tuple[float, ...]  # step time of each run under the guessed costs
     peak_memory_gib: tuple[float, ...]
 
@@ -128,7 +160,8 @@ def profile_design(
 ) -> ProfilePlan:
     """The fewest runs (``runs``, at least enough for full rank) whose per-rank timers identify
     every unit: the fastest layout that fits first, then each next run the one that makes the
-    stacked design best conditioned (ties to the faster run)."""
+    worst relative error of any unit, forward or backward, under the guessed costs smallest
+    (``relative_errors``; ties within 5% to the faster run)."""
     run = replace(parallel, vpp=1)
     space = LayoutSpace(model.num_layers, model.mtp_num_layers, run.pp,
                         allow_standalone_mtp=standalone_mtp)  # fmt: skip
@@ -144,37 +177,46 @@ def profile_design(
             raise ConfigError(f"no layout on PP={run.pp} fits in {hbm_gib} GiB for profiling")
     layouts = [Layout(space.stages_from_cuts(tuple(int(c) for c in row)), run.pp) for row in cuts]
     columns = unit_columns(model, standalone_mtp)
-    designs = np.array([design_rows(model, layout, columns) for layout in layouts])
+    designs = np.array([design_rows(model, layout, columns) for layout in layouts], dtype=float)
+    guessed = [_column_costs(table, columns) for table in (guess.forward_ms, guess.backward_ms)]
+
+    def worst(stacked: np.ndarray) -> np.ndarray:
+        return np.max([relative_errors(stacked, ms).max(axis=1) for ms in guessed], axis=0)
+
     steps = np.where(fits, scores.noise_free_ms, np.inf)
     chosen = [int(np.argmin(steps))]
 
-    def identified() -> bool:
-        return bool(np.isfinite(_condition(designs[chosen].reshape(1, -1, len(columns)))[0]))
+    def so_far() -> np.ndarray:
+        """(1, rows, U): the chosen runs' rows stacked."""
+        return designs[chosen].reshape(1, -1, len(columns))
 
-    while len(chosen) < runs or not identified():
+    while len(chosen) < runs or not np.isfinite(worst(so_far())[0]):
         if len(chosen) >= runs + len(columns):
             raise ConfigError(
                 f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
             )
-        stacked = np.concatenate(
-            [np.repeat(designs[chosen].reshape(1, -1, len(columns)), len(cuts), axis=0), designs],
-            axis=1,
-        )
-        condition = np.where(fits, _condition(stacked), np.inf)
-        condition[chosen] = np.inf
-        best = condition.min()
+        stacked = np.concatenate([np.repeat(so_far(), len(cuts), axis=0), designs], axis=1)
+        error = np.where(fits, worst(stacked), np.inf)
+        error[chosen] = np.inf
+        best = error.min()
         if not np.isfinite(best) and len(chosen) >= runs:
             raise ConfigError(
                 f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
             )
-        near = np.flatnonzero(condition <= best * 1.05)  # well conditioned: take the fastest
+        near = np.flatnonzero(error <= best * 1.05)  # as good: take the fastest
         chosen.append(int(near[np.argmin(steps[near])]))
-    design = designs[chosen].reshape(-1, len(columns))
+    design = so_far()
     return ProfilePlan(
         layouts=tuple(layouts[i] for i in chosen),
         columns=columns,
-        rank=int(np.linalg.matrix_rank(design)),
-        condition=float(_condition(design[None])[0]),
+        rank=int(np.linalg.matrix_rank(design[0])),
+        condition=float(_condition(design)[0]),
+        worst_relative_error=float(worst(design)[0]),
         predicted_ms=tuple(float(scores.noise_free_ms[i]) for i in chosen),
         peak_memory_gib=tuple(float(scores.peak_memory_bytes[i]) / GIB for i in chosen),
     )
+
+
+def _column_costs(unit_ms: dict[str, float], columns: Sequence[str]) -> np.ndarray:
+    """(U,) a cost table's ms for the design's columns (m + L as their sum)."""
+    return np.array([unit_ms[MTP] + unit_ms[LOSS] if c == PAIR else unit_ms[c] for c in columns])

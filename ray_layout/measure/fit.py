@@ -1,5 +1,6 @@
 """Per-unit costs from Megatron's per-rank timers: non-negative least squares over the profiling
-runs' design rows (see ``design``), then the step tail, p2p, jitter and memory calibration.
+runs' design rows, weighted by each rank's timer spread (see ``design``), then the step tail,
+p2p, jitter and memory calibration.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from scipy.optimize import minimize_scalar, nnls
 
 from ray_layout.errors import MeasurementError
 from ray_layout.measure.declared import runs_parallel, suggest_layout
-from ray_layout.measure.design import PAIR, design_rows, unit_columns
+from ray_layout.measure.design import PAIR, design_rows, timer_spread, unit_columns
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
 from ray_layout.measure.observations import RunObservation
 from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance
@@ -166,18 +167,21 @@ def _judge_residuals(
 def _fit_compute(
     model: ModelSpec, runs: Sequence[RunObservation], columns: Sequence[str]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward ms per unit: NNLS over every steady interval and PP rank."""
-    rows, forward, backward = [], [], []
-    for run in runs:
-        design = design_rows(model, run.layout, columns)
-        for interval in range(run.forward_ms.shape[0]):
-            rows.append(design)
-            forward.append(run.forward_ms[interval] / run.num_microbatches)
-            backward.append(run.backward_ms[interval] / run.num_microbatches)
-    a = np.concatenate(rows)
-    fwd = _solve(a, np.concatenate(forward), columns, "forward-compute")
-    bwd = _solve(a, np.concatenate(backward), columns, "backward-compute")
-    return fwd, bwd
+    """Forward and backward ms per unit: NNLS over every steady interval and PP rank, each rank
+    weighted by the inverse of its timer's spread (``design.timer_spread`` of its mean), as the
+    profile design assumes: a unit alone on a light rank is taken from there, not from the
+    noise of the heavy ranks it also sits on (1 ms of E beside 40 ms of layers)."""
+    found = []
+    for timer, what in (("forward_ms", "forward-compute"), ("backward_ms", "backward-compute")):
+        rows, values = [], []
+        for run in runs:
+            per_batch = getattr(run, timer) / run.num_microbatches  # (intervals, PP)
+            spread = timer_spread(per_batch.mean(axis=0))
+            design = design_rows(model, run.layout, columns) / spread[:, None]
+            rows.append(np.tile(design, (per_batch.shape[0], 1)))
+            values.append((per_batch / spread).ravel())
+        found.append(_solve(np.concatenate(rows), np.concatenate(values), columns, what))
+    return found[0], found[1]
 
 
 def _stage_ms(run: RunObservation) -> np.ndarray:
