@@ -17,11 +17,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The whole tune loop for the handbook recipe on an embedded cluster of 3 simulated nodes x 4
-# fake GPUs running the emulated Megatron; a short A/B budget so it ends in a few minutes on 2
-# cores. Run it again and it resumes from ray_layout_store/ (study "quickstart").
+# fake GPUs running the emulated Megatron, with the default A/B (early stopping ends it in a few
+# minutes on 2 cores). Run it again and it resumes from ray_layout_store/ (study "quickstart").
 run: $(STAMP)
 	$(BIN)/python -m ray_layout.tune configs/handbook_7b_a1b.yaml --pp 4 --hbm-gb 131 \
-		--profile-iters 8 --ab-batch 4 --ab-looks 3,6 --study quickstart
+		--profile-iters 8 --study quickstart
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -587,8 +587,8 @@ def main(argv: list[str] | None = None) -> int:
         "note: each layout above ran alone; the tune's profiling runs and A/B arms ran up to "
         f"{NODES * GPUS_PER_NODE // recipe.parallel.world_size} arms at once on the same "
         f"{m['cores']} cores; load average {info['load_average_end']} at the end. Emulated "
-        "step times include real Python and gloo overheads divided "
-        "by the profile's time_scale (0.1), for the tune's runs and these alike.",
+        "ranks keep their steps against deadlines, so load lengthens the wall clock (start-up "
+        "most), not the steps.",
         highlight=False,
     )
     if args.json:

@@ -16,10 +16,14 @@ from ray_layout.ab.cost import replayed_iterations
 from ray_layout.ab.decisions import replay, winner
 from ray_layout.ab.live import LiveTest
 from ray_layout.ab.schedule import (
+    MIN_CV,
+    MIN_MEASURED_CV,
     POWER_Z,
     TRUSTED_SHARE,
     Prediction,
     batches_to_decide,
+    batches_to_settle,
+    covering_iterations,
     first_looks,
     look_iterations,
 )
@@ -159,6 +163,40 @@ def test_batches_to_decide_by_hand():
     assert batches_to_decide(0.4, 0.0, config) == 2  # no predicted jitter: a floor, not zero
     gaps = [batches_to_decide(g, 0.02, config) or math.inf for g in (0.05, 0.1, 0.2, 0.4)]
     assert gaps == sorted(gaps, reverse=True)  # further behind: sooner decided
+
+
+def test_batches_to_settle_ties_within_the_margin_and_losses_beyond_it_either_way():
+    config = DEFAULT
+    # beyond the margin the count is the margin test's, whichever arm is the slower
+    for gap in (0.05, 0.1, 0.3):
+        assert batches_to_settle(gap, 0.01, config) == batches_to_decide(gap, 0.01, config)
+        assert batches_to_settle(-gap, 0.01, config) == batches_to_settle(gap, 0.01, config)
+    # within it, the tie needs its room to the nearer bound: less room, more batches
+    ties = [batches_to_settle(g, 0.005, config) or math.inf for g in (0.0, 0.005, 0.01, 0.015)]
+    assert ties == sorted(ties) and ties[0] < ties[-1]
+    assert batches_to_settle(0.0, 0.005, config) == batches_to_decide(0.04, MIN_CV, config)
+    assert batches_to_settle(config.margin, 0.005, config) is None  # on the bound: never
+    assert batches_to_settle(0.0, 0.05, config) is None  # too noisy for the budget
+
+
+def test_covering_iterations_reach_each_pending_arms_expected_decision_look():
+    config = DEFAULT  # looks at 15, 30, 60 and 120 steady steps
+    pending = {"close": 100.4, "loser": 140.0}
+    # at 0.4% spread the close arm is settled as a tie after 6 batches: look 1
+    assert batches_to_settle(0.004, 0.004, config) == 6
+    assert covering_iterations(100.0, 0.004, pending, config) == 30
+    # the loser alone is decided at its first look, moved earlier where predicted so
+    assert covering_iterations(100.0, 0.004, {"loser": 140.0}, config) == 15
+    assert covering_iterations(100.0, 0.004, {"loser": 140.0}, config, {"loser": 2}) == 10
+    # less spread, less to run; more spread, more; not expected to be decided: the budget
+    assert covering_iterations(100.0, 0.002, pending, config) == 15
+    assert covering_iterations(100.0, 0.006, pending, config) == 60
+    assert covering_iterations(100.0, 0.01, pending, config) == 120
+    assert covering_iterations(100.0, 0.002, {"edge": 101.9}, config) == 120
+    assert covering_iterations(100.0, 0.002, {}, config) == 0
+    # a spread measured as nothing is floored, not trusted
+    floor = covering_iterations(100.0, MIN_MEASURED_CV, pending, config)
+    assert covering_iterations(100.0, 0.0, pending, config) == floor
 
 
 def test_first_looks_name_only_predicted_losers_and_only_earlier():

@@ -17,6 +17,7 @@ import pytest
 from ray_layout.ab import live as live_ab
 from ray_layout.ab.cost import gpu_seconds
 from ray_layout.ab.live import (
+    COVERED,
     SETTLED,
     Arm,
     LiveTest,
@@ -227,6 +228,46 @@ def test_an_arm_run_to_its_budget_still_competes():
     assert feed(test.watch("other"), "o", other[:8], chunk=8) == [None]
     assert feed(test.watch("other"), "o", other[8:], chunk=6, start=9) == [None]
     assert next(d.arm for d in test.finish() if d.action == "win") == "fast"
+
+
+ROUNDS = ABConfig(warmup_iterations=2, batch_size=3, looks=(2, 4, 8))  # budget 26 lines
+
+
+def rounds(**predicted_ms):
+    """A test whose arms run one round after another, predicted as given."""
+    arms = [replace(make_arm(name), predicted_ms=ms) for name, ms in predicted_ms.items()]
+    return LiveTest(arms, ROUNDS, HBM)
+
+
+def test_in_rounds_the_first_arm_runs_only_as_far_as_the_arms_to_come_need():
+    test = rounds(fast=100.0, other=100.3, slow=150.0)
+    # 0.2% spread: the near tie is expected to be settled at the second look (4 batches)
+    second_look = ROUNDS.warmup_iterations + ROUNDS.look_iterations(1)
+    reasons = feed(test.watch("fast"), "f", steps(second_look, 100.0, seed=1), chunk=1)
+    assert reasons[:-1] == [None] * (second_look - 1) and reasons[-1] == COVERED  # not 26
+    # the next rounds meet fast's steps at their looks: a tie settled, a loser stopped
+    tie = feed(test.watch("other"), "o", steps(second_look, 100.3, seed=2), chunk=1)
+    assert any(reason is not None for reason in tie)
+    reasons = feed(test.watch("slow"), "s", steps(second_look, 150.0, seed=3), chunk=second_look)
+    assert "slower than" in reasons[-1]
+    for name in ("fast", "other", "slow"):
+        test.end(name, run_of(name, STOPPED, "early-stop", COVERED), None)
+    wins = [d.arm for d in test.finish() if d.action == "win"]
+    assert len(wins) == 1 and wins[0] in ("fast", "other")
+
+
+def test_in_rounds_an_arm_to_come_on_the_margins_edge_keeps_the_first_one_to_its_budget():
+    test = rounds(fast=100.0, other=102.0)
+    reasons = feed(test.watch("fast"), "f", steps(ROUNDS.max_iterations, 100.0, seed=1), chunk=1)
+    assert reasons == [None] * ROUNDS.max_iterations
+
+
+def test_an_arm_ended_with_more_steps_keeps_the_next_one_running_as_long():
+    test = rounds(fast=100.0, other=100.3)
+    feed(test.watch("fast"), "f", steps(ROUNDS.max_iterations, 100.0, seed=1))  # its whole budget
+    other = steps(ROUNDS.max_iterations, 101.0, seed=2, cv=0.03)  # too noisy to be settled early
+    reasons = feed(test.watch("other"), "o", other, chunk=1)
+    assert reasons == [None] * ROUNDS.max_iterations
 
 
 def test_a_lone_arm_settles_only_after_its_first_look():

@@ -34,7 +34,12 @@ import numpy as np
 
 from ray_layout.ab.cost import ArmCost
 from ray_layout.ab.decisions import Decision, decide_look, decision_rows, final_decisions
-from ray_layout.ab.schedule import Prediction, first_looks, look_iterations
+from ray_layout.ab.schedule import (
+    Prediction,
+    covering_iterations,
+    first_looks,
+    look_iterations,
+)
 from ray_layout.ab.stats import ABConfig, ArmTrace, blowup_reason, failure_reason, steady_steps
 from ray_layout.ab.vocabulary import ABAction, ArmRole
 from ray_layout.measure.logs import parse_iteration_line
@@ -45,8 +50,13 @@ from ray_layout.runtime.profiling import LayoutRun, ProfiledRun
 from ray_layout.runtime.spec import Watch
 
 GIB_PER_MB = 1 / 1024
-# Why the last arm standing ends early; a resumed test reads it back as "not a loss".
+# Why the last arm standing ends early; a resumed test reads them back as "not a loss".
 SETTLED = "settled: every other arm is stopped or failed, so more steps cannot change the verdict"
+COVERED = (
+    "covered: every other arm is stopped, failed or ended, and each arm yet to run is expected "
+    "to be decided within the steps this arm ran"
+)
+ENDED_NOT_LOST = frozenset({SETTLED, COVERED})
 
 
 @dataclass(frozen=True)
@@ -107,6 +117,7 @@ class _ArmState:
     first_step_at: float | None = None
     last_step_at: float = 0.0
     looks_done: int = 0
+    ended: bool = False  # its run ends or has ended: the steps it has are all it will have
 
 
 class LiveTest:
@@ -128,8 +139,8 @@ class LiveTest:
         self._headroom: dict[str, float] = {}
         self._stopped: dict[str, str] = {}  # arm -> why
         self._decisions: dict[tuple[str, int], Decision] = {}
-        predictions = {a.name: Prediction(a.predicted_ms, a.predicted_cv) for a in arms}
-        self.first_looks = first_looks(predictions, config)
+        self._predictions = {a.name: Prediction(a.predicted_ms, a.predicted_cv) for a in arms}
+        self.first_looks = first_looks(self._predictions, config)
 
     def preload(
         self, arm: str, steps_ms: Sequence[float], failure: str | None, stopped: str | None
@@ -139,11 +150,12 @@ class LiveTest:
         with self._lock:
             state = self._state[arm]
             state.steps_ms, state.failure, state.attempt = list(steps_ms), failure, "stored"
+            state.ended = True
             steady = len(steady_steps(self._trace(arm), self.config))
             state.looks_done = sum(
                 steady >= self._look_iterations(arm, k) for k in range(len(self.config.looks))
             )
-            if stopped and stopped != SETTLED:
+            if stopped and stopped not in ENDED_NOT_LOST:
                 self._record(self._stop(self._trace(arm), stopped))
 
     def watch(self, arm: str) -> Watch:
@@ -163,6 +175,9 @@ class LiveTest:
                         state.failure = "nan"
                 reason = self._judge(arm) if records else self._stopped.get(arm)
                 steps = len(state.steps_ms)
+                state.ended = (
+                    state.ended or reason is not None or steps >= self.config.max_iterations
+                )
             if records:
                 self._on_step(arm, steps)
             return reason
@@ -241,9 +256,34 @@ class LiveTest:
             state.looks_done += 1
         if arm in self._stopped:
             return self._stopped[arm]
-        if state.looks_done and all(self._settled(other) for other in self.arms if other != arm):
-            return SETTLED  # the last arm standing: more steps cannot change the verdict
+        if state.looks_done:
+            return self._ending(arm, len(values))
         return None
+
+    def _ending(self, arm: str, steady: int) -> str | None:
+        """Why ``arm`` may end now, though not stopped: more of its steps cannot change the
+        verdict.  SETTLED: every other arm is stopped or failed.  COVERED (arms run one round
+        after another): every other arm is settled, ended with no more steady steps than this
+        one, or yet to run and expected to be decided within this one's steps."""
+        pending, alone = {}, True
+        for other in self.arms:
+            state = self._state[other]
+            if other == arm or self._settled(other):
+                continue
+            alone = False
+            if not state.steps_ms:
+                pending[other] = self._predictions[other].mean_ms
+            elif not state.ended or steady < len(steady_steps(self._trace(other), self.config)):
+                return None
+        if alone:
+            return SETTLED
+        if steady >= self.config.look_iterations(len(self.config.looks) - 1):
+            return None  # at its budget: the run ends by itself
+        values = steady_steps(self._trace(arm), self.config)[:steady]
+        cv = float(np.std(values, ddof=1) / np.mean(values)) if steady > 1 else math.inf
+        covering = covering_iterations(self._predictions[arm].mean_ms, cv, pending, self.config,
+                                       self.first_looks)  # fmt: skip
+        return COVERED if steady >= covering else None
 
     def _look_iterations(self, arm: str, look: int) -> int:
         return look_iterations(self.config, look, self.first_looks.get(arm))
