@@ -15,7 +15,7 @@ from ray_layout.measure.design import (
     relative_errors,
     unit_columns,
 )
-from ray_layout.measure.fit import fit_costs
+from ray_layout.measure.fit import fit_costs, simulated_step_ms
 from ray_layout.measure.log_format import timers_max
 from ray_layout.measure.logs import parse_log
 from ray_layout.measure.observations import (
@@ -448,3 +448,26 @@ def test_step_ms_is_the_mean_after_the_warmup_iterations():
     logged = observation_from_log("run", parsed, layout, HANDBOOK.parallel, MICROBATCHES)
     printed = [record.elapsed_ms for record in parsed.iterations]
     assert len(printed) == 6 and logged.step_ms == pytest.approx(np.mean(printed[3:]))
+
+
+def test_jitter_lengthens_the_predicted_step_and_is_not_also_fitted_as_a_fixed_tail():
+    """Per-op jitter makes the mean step longer than the noise-free one (the critical path takes
+    the slower branch); the planner's predictions carry that through its Monte Carlo, so the
+    fit must compare the steps with the same mean, or it adds the lengthening again as a tail."""
+    runs = []
+    for index, text in enumerate(KEPT):
+        layout = Layout.parse(text, HANDBOOK.parallel.pp)
+        log = synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, TRUTH, MICROBATCHES,
+                            iterations=40, noise_cv=0.08, seed=index)  # fmt: skip
+        runs.append(observation_from_log(f"run{index}", parse_log(log), layout,
+                                         HANDBOOK.parallel, MICROBATCHES))  # fmt: skip
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs)
+    lengthening = [
+        simulated_step_ms(HANDBOOK.model, HANDBOOK.parallel, result.costs, run)
+        - simulated_step_ms(HANDBOOK.model, HANDBOOK.parallel,
+                            replace(result.costs, jitter_cv=dict.fromkeys(TRUTH.jitter_cv, 0.0)), run)
+        for run in runs
+    ]  # fmt: skip
+    assert min(lengthening) > 0
+    assert result.costs.tail_fixed_ms < 0.5 * np.mean(lengthening)
+    assert all(abs(error) < 0.01 for error in result.step_errors.values())

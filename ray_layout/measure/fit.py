@@ -257,11 +257,13 @@ def _residual_refusal(
 def simulated_step_ms(
     model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, run: RunObservation
 ) -> float:
-    """The noise-free step the simulator predicts for a run's layout and micro-batches."""
+    """The step the planner predicts for a run's layout and micro-batches: the mean over its
+    Monte Carlo jitter, as every prediction the tune makes.  Per-op jitter lengthens the mean
+    step beyond the noise-free one (the critical path takes the slower of its branches), so a
+    fixed tail fitted against the noise-free step would count that twice."""
     spec = SearchSpec(num_microbatches=run.num_microbatches)
     run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
-    options = PlanOptions(samples=1)
-    return score_given(run.layout, Problem(model, run_parallel, costs, spec, options)).noise_free_ms
+    return score_given(run.layout, Problem(model, run_parallel, costs, spec, PlanOptions())).mean_ms
 
 
 # A per-transfer latency is kept where it at least halves the RMS relative step error the fixed
