@@ -391,15 +391,20 @@ def test_a_fixed_tail_and_a_latency_come_back_together_from_other_micro_batch_co
     assert not any("cannot tell" in w for w in result.warnings)
 
 
-def test_noisy_steps_keep_the_fixed_tail_within_the_noise():
-    truth = replace(TRUTH, tail_fixed_ms=30.0)
+def noisy_runs(truth, texts, iterations, noise_cv):
+    """Synthetic runs of ``texts`` under ``truth`` with per-op noise, a seed each."""
     runs = []
-    for index, text in enumerate(KEPT * 2):
+    for index, text in enumerate(texts):
         layout = Layout.parse(text, HANDBOOK.parallel.pp)
         log = synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, truth, MICROBATCHES,
-                            iterations=12, noise_cv=0.02, seed=index)  # fmt: skip
+                            iterations=iterations, noise_cv=noise_cv, seed=index)  # fmt: skip
         runs.append(observation_from_log(f"run{index}", parse_log(log), layout,
                                          HANDBOOK.parallel, MICROBATCHES))  # fmt: skip
+    return runs
+
+
+def test_noisy_steps_keep_the_fixed_tail_within_the_noise():
+    runs = noisy_runs(replace(TRUTH, tail_fixed_ms=30.0), KEPT * 2, iterations=12, noise_cv=0.02)
     result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs)
     step = np.mean([run.step_ms for run in runs])
     assert abs(result.costs.tail_fixed_ms - 30.0) < 0.02 * step
@@ -454,20 +459,14 @@ def test_jitter_lengthens_the_predicted_step_and_is_not_also_fitted_as_a_fixed_t
     """Per-op jitter makes the mean step longer than the noise-free one (the critical path takes
     the slower branch); the planner's predictions carry that through its Monte Carlo, so the
     fit must compare the steps with the same mean, or it adds the lengthening again as a tail."""
-    runs = []
-    for index, text in enumerate(KEPT):
-        layout = Layout.parse(text, HANDBOOK.parallel.pp)
-        log = synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, TRUTH, MICROBATCHES,
-                            iterations=40, noise_cv=0.08, seed=index)  # fmt: skip
-        runs.append(observation_from_log(f"run{index}", parse_log(log), layout,
-                                         HANDBOOK.parallel, MICROBATCHES))  # fmt: skip
+    runs = noisy_runs(TRUTH, KEPT, iterations=40, noise_cv=0.08)
     result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs)
+    still = replace(result.costs, jitter_cv=dict.fromkeys(result.costs.jitter_cv, 0.0))
     lengthening = [
         simulated_step_ms(HANDBOOK.model, HANDBOOK.parallel, result.costs, run)
-        - simulated_step_ms(HANDBOOK.model, HANDBOOK.parallel,
-                            replace(result.costs, jitter_cv=dict.fromkeys(TRUTH.jitter_cv, 0.0)), run)
+        - simulated_step_ms(HANDBOOK.model, HANDBOOK.parallel, still, run)
         for run in runs
-    ]  # fmt: skip
+    ]
     assert min(lengthening) > 0
     assert result.costs.tail_fixed_ms < 0.5 * np.mean(lengthening)
     assert all(abs(error) < 0.01 for error in result.step_errors.values())
