@@ -45,6 +45,7 @@ from ray_layout.driver.tune import run_tune
 from ray_layout.errors import EXIT_INTERRUPTED, ConfigError
 from ray_layout.measure.observations import STEP_WARMUP
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
+from ray_layout.report.summary import TuneSummary
 from ray_layout.runtime.local import connected
 
 DESCRIPTION = (
@@ -192,13 +193,22 @@ def _checked_recipe(flags: TuneFlags) -> Recipe:
     return recipe
 
 
-def run(flags: TuneFlags, console: Console, cancel: threading.Event) -> None:
+def tune_on_cluster(
+    flags: TuneFlags, console: Console, cancel: threading.Event
+) -> tuple[TuneSummary, Recipe, TuneSettings]:
+    """The tune on the cluster the flags name (or a simulated one): its summary, the recipe and
+    the settings it ran with (GPUs per node from the cluster)."""
     recipe = _checked_recipe(flags)
     settings = tune_settings(flags, recipe, flags.gpus_per_node or 0)  # before any cluster
     with connected(flags.ray_address, flags.nodes, flags.gpus_per_node) as (per_node, where):
         console.print(f"[bold]cluster[/bold]: {where}", highlight=False)
         settings = replace(settings, gpus_per_node=per_node)
         summary = run_tune(recipe, settings, flags.config, console, cancel)
+    return summary, recipe, settings
+
+
+def run(flags: TuneFlags, console: Console, cancel: threading.Event) -> None:
+    summary, _, settings = tune_on_cluster(flags, console, cancel)
     if flags.as_json:
         report_dir = str(settings.report_dir)
         print(json.dumps({"pick": str(summary.pick), "flags": list(summary.flags),
