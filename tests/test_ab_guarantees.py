@@ -253,3 +253,56 @@ def test_the_tunes_arms_carry_what_the_search_predicted_and_far_losers_look_soon
     slower = {a.name: a.predicted_ms / arms[0].predicted_ms - 1 for a in arms}
     assert slower["default"] > 0.2 and early.get("default", 3) < DEFAULT.looks[0]
     assert all(slower[name] > DEFAULT.margin for name in early)
+
+
+# --- arms in rounds ----------------------------------------------------------------------------
+
+ROUND_ARMS = {  # true mean over the pick's, layout, predicted GiB per stage (the pick roomiest)
+    "pick": (1.0, "Et*5|t*6|t*5|mL", 40.0),
+    "close": (1.01, "Et*6|t*5|t*5|mL", 60.0),
+    "near": (1.04, "Et*5|t*5|t*6|mL", 60.0),
+    "count-based": (1.17, "Et*4|t*5|t*5|t*2mL", 60.0),
+    "default": (1.40, "Et*4|t*4|t*4|t*4mL", 60.0),
+}
+
+
+@pytest.mark.parametrize(("cv", "first_at_most", "share"), [(0.003, 63, 0.2), (0.01, 123, 0.4)])
+def test_in_rounds_the_pick_wins_and_arms_run_only_as_far_as_later_rounds_need(
+    cv, first_at_most, share
+):
+    """The quickstart's case: one arm at a time, in the search's order, each fed to the live
+    test until its watch ends it.  The first arm runs only as far as the arms to come are
+    expected to need (at the quickstart's spread, about 0.2%, not its budget; at 1% the 1% arm
+    is not expected to be settled before it); the pick still wins (the 1% arm is a tie it loses
+    on memory headroom) and is never stopped as worse."""
+    from ray_layout.ab.live import Arm
+    from ray_layout.ab.vocabulary import ArmRole
+    from ray_layout.measure.log_format import iteration_line
+    from ray_layout.model.layout import Layout
+
+    config, hbm = DEFAULT, 80.0
+    arms = [Arm(name, Layout.parse(layout, 4), (ArmRole.CANDIDATE,), 100.0 * ratio, (gib,) * 4,
+                predicted_cv=0.01) for name, (ratio, layout, gib) in ROUND_ARMS.items()]  # fmt: skip
+    rng = np.random.default_rng(5)
+    replays, ran, won, wrong = 60, [], [], 0
+    for steps in ar1_steps(rng, replays, len(arms), config.max_iterations,
+                           [100.0 * a[0] for a in ROUND_ARMS.values()], cv=cv):  # fmt: skip
+        test = LiveTest(arms, config, hbm)
+        lengths = []
+        for arm, row in zip(arms, steps, strict=True):
+            watch = test.watch(arm.name)
+            for i, ms in enumerate(row, 1):
+                line = iteration_line(i, config.max_iterations, i, round(float(ms), 1), 8,
+                                      {"lm loss": 2.5})  # fmt: skip
+                if watch(arm.name, [line]) is not None:
+                    break
+            lengths.append(i)
+        decisions = test.finish()
+        won.append(winner(decisions).arm)
+        wrong += bool(stops(decisions, "pick", ties=False))
+        ran.append(lengths)
+    assert won.count("pick") / replays >= 0.95 and set(won) <= {"pick", "close"}
+    assert wrong / replays <= config.alpha
+    ran = np.array(ran)
+    assert ran[:, 0].max() <= first_at_most
+    assert ran.sum(axis=1).mean() < share * len(arms) * config.max_iterations
