@@ -106,6 +106,7 @@ def test_profile_layouts_command(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["rank"] == 3 and report["units"] == ["E", "t", "m+L"]
     assert len(report["runs"]) == 2 and report["condition_number"] < 10
+    assert 0 < report["worst_relative_error"] <= 1.0  # E alone on a rank of the second run
     assert main(["profile-layouts", HANDBOOK_PATH, "--pp", "4", "--standalone-mtp"]) == 0
     out = capsys.readouterr().out
     assert "identify E, t, m, L" in out and "--pipeline-model-parallel-layout" in out

@@ -92,7 +92,8 @@ def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> N
         )
     ]
     report = {"units": list(design.columns), "rank": design.rank,
-              "condition_number": design.condition, "runs": runs,
+              "condition_number": design.condition,
+              "worst_relative_error": design.worst_relative_error, "runs": runs,
               "unidentified": list(design.unidentified)}  # fmt: skip
     emit(report, settings.as_json, _print_profile_layouts, console)
 
@@ -101,7 +102,9 @@ def _print_profile_layouts(report: dict[str, Any], console: Console) -> None:
     units, runs = report["units"], report["runs"]
     console.print(
         f"{len(runs)} profiling runs identify {', '.join(units)}: design rank "
-        f"{report['rank']} of {len(units)}, condition number {report['condition_number']:.2f}",
+        f"{report['rank']} of {len(units)}, condition number {report['condition_number']:.2f}; "
+        f"the least pinned-down unit's standard error is {report['worst_relative_error']:.2f} "
+        "times the timers' jitter per micro-batch and interval",
         highlight=False,
     )
     for index, run in enumerate(runs, 1):
