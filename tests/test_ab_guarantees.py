@@ -14,7 +14,7 @@ from scipy import special
 from benchmarks.bench_tune import replay_spend
 from ray_layout.ab.cost import replayed_iterations
 from ray_layout.ab.decisions import replay, winner
-from ray_layout.ab.live import LiveTest
+from ray_layout.ab.live import Arm, LiveTest
 from ray_layout.ab.schedule import (
     MIN_CV,
     MIN_MEASURED_CV,
@@ -28,8 +28,10 @@ from ray_layout.ab.schedule import (
     look_iterations,
 )
 from ray_layout.ab.stats import ABConfig, ArmTrace
-from ray_layout.ab.vocabulary import ABAction
+from ray_layout.ab.vocabulary import ABAction, ArmRole
 from ray_layout.driver.phases import choose_arms
+from ray_layout.measure.log_format import iteration_line
+from ray_layout.model.layout import Layout
 from tests.planner_fixtures import handbook_example_plan
 from tests.test_abtest import ar1_steps, traces_of
 
@@ -275,14 +277,12 @@ def test_in_rounds_the_pick_wins_and_arms_run_only_as_far_as_later_rounds_need(
     expected to need (at the quickstart's spread, about 0.2%, not its budget; at 1% the 1% arm
     is not expected to be settled before it); the pick still wins (the 1% arm is a tie it loses
     on memory headroom) and is never stopped as worse."""
-    from ray_layout.ab.live import Arm
-    from ray_layout.ab.vocabulary import ArmRole
-    from ray_layout.measure.log_format import iteration_line
-    from ray_layout.model.layout import Layout
-
     config, hbm = DEFAULT, 80.0
-    arms = [Arm(name, Layout.parse(layout, 4), (ArmRole.CANDIDATE,), 100.0 * ratio, (gib,) * 4,
-                predicted_cv=0.01) for name, (ratio, layout, gib) in ROUND_ARMS.items()]  # fmt: skip
+    arms = [
+        Arm(name, Layout.parse(layout, 4), (ArmRole.CANDIDATE,), 100.0 * ratio, (gib,) * 4,
+            predicted_cv=0.01)
+        for name, (ratio, layout, gib) in ROUND_ARMS.items()
+    ]  # fmt: skip
     rng = np.random.default_rng(5)
     replays, ran, won, wrong = 60, [], [], 0
     for steps in ar1_steps(rng, replays, len(arms), config.max_iterations,
