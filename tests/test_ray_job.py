@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,9 @@ def ray_cli(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
     """A head node with a dashboard (the job server) and 4 fake GPUs; stopped by SIGTERM to its
-    ``ray start --block`` process, never with ``ray stop``."""
+    ``ray start --block`` process, never with ``ray stop``.  Its own ``--temp-dir``: Ray gives
+    a job the address of the newest cluster started on the host (from the shared /tmp/ray), so
+    with another suite's cluster started after this one a job joined that cluster instead."""
     if os.environ.get("RAY_LAYOUT_SKIP_RAY") == "1":
         pytest.skip("Ray disabled")
     logs = tmp_path_factory.mktemp("head")
@@ -46,7 +50,9 @@ def ray_head(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
     }
     env.pop("RAY_ADDRESS", None)
     dashboard = free_port()
+    temp = Path(tempfile.mkdtemp(prefix="rl-head-", dir="/tmp"))  # short: socket paths
     command = [str(BIN / "ray"), "start", "--head", "--port", str(free_port()),
+               "--temp-dir", str(temp),
                "--dashboard-port", str(dashboard), "--include-dashboard", "true",
                "--num-cpus", "4", "--num-gpus", str(HEAD_GPUS),
                "--object-store-memory", str(100 * 2**20), "--block"]  # fmt: skip
@@ -72,6 +78,7 @@ def ray_head(tmp_path_factory) -> Iterator[tuple[str, dict[str, str]]]:
         except subprocess.TimeoutExpired:
             head.kill()
             head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def submit(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:

@@ -14,7 +14,9 @@ one after the other (started at once, one timed out here)::
 then ``ray.init(address="127.0.0.1:6379")`` in the driver.  With ``--block`` each node stops,
 with all its processes, when its ``ray start`` gets SIGTERM: stop workers first, then the head,
 by their pids; never ``ray stop``, which kills every Ray process on the host.  On a real cluster
-drop ``--num-gpus`` on workers (Ray detects the GPUs) and the custom resources.
+drop ``--num-gpus`` on workers (Ray detects the GPUs) and the custom resources.  Two clusters on
+one host need a ``--temp-dir`` each: Ray hands a job submitted to either the address of the
+newest (from the host's shared ``/tmp/ray``), and the tune would join that one.
 """
 
 from __future__ import annotations
