@@ -27,6 +27,10 @@ ARGUMENTS_SOURCE = "pretrain_gpt.py arguments"  # how errors in an argument list
 _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 # --eval-iters 0 already turns evaluation off, but Megatron still divides by the interval.
 _NO_EVALUATION = 1_000_000_000
+# torchrun's variables, which the launch sets for each rank whatever a script exports
+_PER_RANK = frozenset(
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
+)
 # Set only where the caller's environment has no value of its own.
 _DEFAULT_ENVIRONMENT = {
     "PYTHONUNBUFFERED": "1",  # rank logs stream to the collector line by line
@@ -85,6 +89,25 @@ def megatron_arguments(
     if layout is None:
         _check_default_split(recipe, merged.argv)
     return merged
+
+
+def environment_notes(recipe: Recipe) -> tuple[str, ...]:
+    """What became of a launch script's exports: carried into every rank, set per rank by the
+    launch instead (torchrun's variables), or left out for want of a plain value."""
+    carried = [f"{name}={value}" for name, value in recipe.environment
+               if name not in _PER_RANK]  # fmt: skip
+    per_rank = [name for name, _ in recipe.environment if name in _PER_RANK]
+    notes = []
+    if carried:
+        notes.append(f"exports carried into every rank: {', '.join(carried)}")
+    if per_rank:
+        notes.append(f"exports the launch sets per rank instead: {', '.join(per_rank)}")
+    if recipe.unresolved_environment:
+        notes.append(
+            f"exports left out, without a plain value in the script: "
+            f"{', '.join(recipe.unresolved_environment)} (set them in the cluster's environment)"
+        )
+    return tuple(notes)
 
 
 def megatron_command(python: str, megatron_path: Path, arguments: Sequence[str]) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 from launchers.megatron import (
     ProfileSettings,
+    environment_notes,
     megatron_arguments,
     megatron_command,
     rank_environment,
@@ -315,6 +316,19 @@ def test_megatron_command(tmp_path):
     (tmp_path / "pretrain_gpt.py").touch()
     command = megatron_command("python3", tmp_path, ["--bf16"])
     assert command == ["python3", str(tmp_path / "pretrain_gpt.py"), "--bf16"]
+
+
+def test_environment_notes_say_what_became_of_each_export():
+    recipe, _ = handbook()
+    assert environment_notes(recipe) == ()
+    exported = replace(recipe, environment=(("MASTER_PORT", "6000"), ("NCCL_IB_TIMEOUT", "19")),
+                       unresolved_environment=("NODE_RANK",))  # fmt: skip
+    assert environment_notes(exported) == (
+        "exports carried into every rank: NCCL_IB_TIMEOUT=19",
+        "exports the launch sets per rank instead: MASTER_PORT",
+        "exports left out, without a plain value in the script: NODE_RANK (set them in the "
+        "cluster's environment)",
+    )
 
 
 def test_rank_environment():

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.megatron_args import (
@@ -27,6 +30,9 @@ def load(extra: str = "", prefix: str = "") -> tuple[ModelSpec, ParallelConfig]:
 
 def test_launch_script_fixture():
     recipe = load_megatron_script(DATA / "train_moe_16l.sh")
+    # its exports, not its other variables (MASTER_ADDR, GPUS_PER_NODE, ...)
+    assert recipe.environment == (("CUDA_DEVICE_MAX_CONNECTIONS", "1"), ("NCCL_IB_TIMEOUT", "19"))
+    assert recipe.unresolved_environment == ()
     assert recipe.model == ModelSpec(
         name="train_moe_16l",
         num_layers=16,  # not the commented-out 24
@@ -278,3 +284,31 @@ def test_null_tokenizer_vocab_and_layout_vpp_follow_megatron():
     assert recipe.parallel.vpp == 2  # four stages on PP=2
     with pytest.raises(ConfigError, match="pipeline-model-parallel-layout"):
         load_megatron_command_line(text.replace("'Ett|tt|tt|ttL'", "'Etx|L'"))
+
+
+def test_exports_carry_plain_values_and_name_what_has_none():
+    script = "\n".join([
+        "A=1", "export A",  # exported after it is set
+        'export B=$(hostname) C="x y" D=${A}0',  # several on one line, quoted, referring
+        "E=2",  # set, never exported
+        "ARR=(1 2)", "export ARR",  # an array has no plain value to export
+        "export F; F=3",  # exported before it is set, as bash allows
+        f"torchrun pretrain_gpt.py {BASE}",
+    ])  # fmt: skip
+    recipe = load_megatron_command_line(script)
+    assert recipe.environment == (("A", "1"), ("C", "x y"), ("D", "10"), ("F", "3"))
+    assert recipe.unresolved_environment == ("ARR", "B")
+    assert load_megatron_command_line(f"pretrain_gpt.py {BASE}").environment == ()
+
+
+@given(
+    st.dictionaries(
+        st.from_regex(r"[A-Z_][A-Z0-9_]{0,12}", fullmatch=True),
+        st.from_regex(r"[A-Za-z0-9_./:,-]{1,20}", fullmatch=True),
+        max_size=5,
+    )
+)
+def test_exported_plain_values_round_trip(exports):
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
+    recipe = load_megatron_command_line("\n".join([*lines, f"pretrain_gpt.py {BASE}"]))
+    assert dict(recipe.environment) == exports and recipe.unresolved_environment == ()

@@ -204,6 +204,8 @@ def test_the_study_id_follows_the_flags_that_change_unit_costs():
                   ("--overlap-grad-reduce",), ("--fp16",)):  # fmt: skip
         assert cost_flags(flags) == flags
         assert study_id(replace(recipe, megatron_args=flags), backend) != plain, flags
+    nccl = replace(recipe, environment=(("NCCL_ALGO", "Ring"),))
+    assert study_id(nccl, backend) != plain  # an export changes what runs measure
 
 
 def test_megatron_command_prints_the_rank_command_line(capsys):
@@ -217,7 +219,12 @@ def test_megatron_command_prints_the_rank_command_line(capsys):
     assert found["--pipeline-model-parallel-layout"] == [layout] and "--moe-grouped-gemm" in found
     assert report["env"]["RANK"] == "9" and report["env"]["WORLD_SIZE"] == "16"
     assert report["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # TP 2
+    assert report["env"]["NCCL_IB_TIMEOUT"] == "19"  # the script's export
+    assert "GPUS_PER_NODE" not in report["env"]  # a variable of the script, not exported
     assert "replaced --train-iters 500000 with 10" in err.splitlines()
+    assert "exports carried into every rank: CUDA_DEVICE_MAX_CONNECTIONS=1, NCCL_IB_TIMEOUT=19" in (
+        err.splitlines()
+    )
     assert main(["megatron-command", str(SCRIPT), "--layout", layout]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("PYTHONUNBUFFERED=1 ") and " --moe-grouped-gemm " in line

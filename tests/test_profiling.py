@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,14 @@ from ray_layout.measure.ingest import observations_from_store
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import load_recipe_file, with_parallel
-from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, rank_command, run_layouts
+from ray_layout.runtime.profiling import (
+    Backend,
+    LayoutRun,
+    RunOptions,
+    rank_command,
+    run_id,
+    run_layouts,
+)
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 PROFILE = Path("cluster_configs/hardware/h200_emulated.yaml")
@@ -38,6 +47,26 @@ def test_backends_build_their_commands(tmp_path):
     assert real[2:] == command[3:]  # one argument list for both backends
     with pytest.raises(ConfigError, match="megatron-path"):
         Backend("megatron")
+
+
+def test_a_launch_scripts_exports_reach_every_rank_and_name_the_run(tmp_path):
+    layout = Layout.parse("Et*4|t*4|t*4|t*4mL", 4)
+    exported = (("NCCL_IB_TIMEOUT", "19"), ("NVTE_FWD_LAYERNORM_SM_MARGIN", "8"))
+    recipe = replace(HANDBOOK, environment=exported)
+    command, env = rank_command(Backend("emulated", hardware_profile=PROFILE), recipe, layout,
+                                ProfileSettings())  # fmt: skip
+    assert env["NCCL_IB_TIMEOUT"] == "19" and env["NVTE_FWD_LAYERNORM_SM_MARGIN"] == "8"
+    checkout = tmp_path / "Megatron-LM"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text("")
+    _, env = rank_command(Backend("megatron", megatron_path=checkout), recipe, layout,
+                          ProfileSettings())  # fmt: skip
+    assert env == dict(exported)
+    # the same command under other exports is another run; without exports the id is unchanged
+    digest = hashlib.sha256(" ".join(command).encode()).hexdigest()[:12]
+    assert run_id("ab", command, ()) == f"ab-{digest}"
+    assert run_id("ab", command, exported) != run_id("ab", command, ())
+    assert run_id("ab", command, exported[:1]) != run_id("ab", command, exported)
 
 
 RANK_LOG = re.compile(r"rank-\d+\.log$")

@@ -15,7 +15,12 @@ from typing import Any
 
 from rich.console import Console
 
-from launchers.megatron import ProfileSettings, megatron_arguments, rank_environment
+from launchers.megatron import (
+    ProfileSettings,
+    environment_notes,
+    megatron_arguments,
+    rank_environment,
+)
 from ray_layout.commands.checks import between
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import option
@@ -50,8 +55,9 @@ def run_megatron_command(settings: MegatronCommandSettings, console: Console) ->
     script = str(Path(settings.megatron_path) / "pretrain_gpt.py")
     gpu = settings.rank % settings.gpus_per_node
     env = rank_environment(settings.rank, parallel.world_size, settings.master_addr,
-                           settings.master_port, [gpu], parallel, base={})  # fmt: skip
-    for note in merged.notes:
+                           settings.master_port, [gpu], parallel,
+                           base=dict(recipe.environment))  # fmt: skip
+    for note in (*merged.notes, *environment_notes(recipe)):
         print(note, file=sys.stderr)
     report = {"argv": [settings.python, script, *merged.argv], "env": env}
 

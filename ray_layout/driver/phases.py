@@ -10,7 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from launchers.emulated.profile import load_profile
-from launchers.megatron import ARGUMENTS_SOURCE, ProfileSettings, megatron_arguments
+from launchers.megatron import (
+    ARGUMENTS_SOURCE,
+    ProfileSettings,
+    environment_notes,
+    megatron_arguments,
+)
 from ray_layout.ab.live import (
     ABOutcome,
     Arm,
@@ -90,6 +95,8 @@ def profile(
     arguments = megatron_arguments(layout_recipe(recipe, first), first, options.settings)
     for note in arguments.notes:
         phases.say(f"your Megatron flags: {note}")  # once: every run replaces the same ones
+    for note in environment_notes(recipe):
+        phases.say(f"your launch script: {note}")
     if cluster_flags is not None:
         check_against([arguments.argv], cluster_flags)
     with phases.bars() as bars:

@@ -39,11 +39,14 @@ class TuneSettings:
 
 def study_id(recipe: Recipe, backend: Backend) -> str:
     """A readable id that changes with anything that changes the measurements: the user's
-    precision, recompute, fp8, attention backend, router dtype and overlap flags included, so a
-    changed flag is a new study rather than a stale resume."""
+    precision, recompute, fp8, attention backend, router dtype and overlap flags and the launch
+    script's exports included, so a changed flag or NCCL setting is a new study rather than a
+    stale resume."""
     text = repr((recipe.model, recipe.parallel, backend.name, backend.hardware))
     flags = cost_flags(recipe.megatron_args)
     if flags:
         text += repr(flags)
+    if recipe.environment:
+        text += repr(recipe.environment)
     digest = hashlib.sha256(text.encode()).hexdigest()[:8]
     return f"{recipe.model.name}-pp{recipe.parallel.pp}-{digest}"

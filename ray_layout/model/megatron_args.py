@@ -108,13 +108,18 @@ def load_megatron_script(path: str | Path) -> Recipe:
 
 def _load(text: str, source: str, name: str) -> Recipe:
     """The recipe, carrying the script's flags as the user's own (``Recipe.megatron_args``):
-    a profiling run is the user's job, shell words no flag takes left out."""
-    launcher, arguments = _split_at_script(_commands(_shell_tokens(text, source), source))
+    a profiling run is the user's job, shell words no flag takes left out; and what the script
+    exports (``Recipe.environment``: NCCL and CUDA settings change what a run measures)."""
+    commands, exported = _commands(_shell_tokens(text, source), source)
+    launcher, arguments = _split_at_script(commands)
     recipe = _recipe(parse_flags(arguments, source), _world_size(launcher, source), name, source)
     flags = [
         w for use in walk_flags(arguments, source, strict=False) for w in (use.flag, *use.values)
     ]
-    return replace(recipe, megatron_args=tuple(flags))
+    environment = tuple(sorted((k, v) for k, v in exported.items() if v is not None))
+    unresolved = tuple(sorted(k for k, v in exported.items() if v is None))
+    return replace(recipe, megatron_args=tuple(flags), environment=environment,
+                   unresolved_environment=unresolved)  # fmt: skip
 
 
 def _shell_tokens(text: str, source: str) -> list[str]:
@@ -162,16 +167,20 @@ def _fold_substitutions(tokens: list[str], source: str) -> list[str]:
     return folded
 
 
-def _commands(tokens: list[str], source: str) -> list[list[str]]:
-    """Follow the script's assignments; return its commands with variables expanded."""
+def _commands(tokens: list[str], source: str) -> tuple[list[list[str]], dict[str, str | None]]:
+    """Follow the script's assignments; return its commands with variables expanded, and what
+    it exports: each name's plain value, or None where it has none (a substitution, an array)."""
     variables: dict[str, str | tuple[str, ...]] = {}
     commands: list[list[str]] = [[]]
+    exported: list[str] = []
+    exporting = False
     i = 0
     while i < len(tokens):
         token, i = tokens[i], i + 1
         assignment = None if commands[-1] else _ASSIGNMENT.fullmatch(token)
         if token in _SEPARATORS:
             commands.append([])
+            exporting = False
         elif token in _REDIRECTIONS:
             i += 1  # the redirection's target is not an argument
         elif assignment and not assignment[3] and i < len(tokens) and tokens[i] == "(":
@@ -184,9 +193,16 @@ def _commands(tokens: list[str], source: str) -> list[list[str]]:
         elif assignment:
             value = _substitute(assignment[3], variables)
             _assign(variables, assignment[1], value, append=bool(assignment[2]))
+            exported += [assignment[1]] if exporting else []
+        elif exporting and re.fullmatch(r"[A-Za-z_]\w*", token):
+            exported.append(token)  # `export NAME` of a variable set before
         elif token not in _DECLARATIONS or commands[-1]:  # `export A=1` assigns like `A=1`
             commands[-1] += _expand(token, variables)
-    return [command for command in commands if command]
+        else:
+            exporting = token == "export"
+    values = {name: variables.get(name) for name in exported}
+    plain = {name: value if isinstance(value, str) else None for name, value in values.items()}
+    return [command for command in commands if command], plain
 
 
 def _after_parentheses(tokens: list[str], start: int, source: str) -> int:

@@ -122,11 +122,14 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class Recipe:
     """A model together with the parallel sizes its configuration asked for, and the user's own
-    Megatron flags (a launch script's, or ``megatron_args:``) that profiling runs pass on."""
+    Megatron flags (a launch script's, or ``megatron_args:``) and the variables a launch script
+    exports, which profiling runs pass on."""
 
     model: ModelSpec
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     megatron_args: tuple[str, ...] = ()
+    environment: tuple[tuple[str, str], ...] = ()  # (name, value), sorted by name
+    unresolved_environment: tuple[str, ...] = ()  # exported without a plain value in the script
 
 
 MODEL_KEYS = (

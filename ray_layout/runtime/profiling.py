@@ -74,13 +74,22 @@ class Backend:
 def rank_command(
     backend: Backend, recipe: Recipe, layout: Layout | None, settings: ProfileSettings
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv every rank runs and the environment the backend adds to it."""
+    """The argv every rank runs and the environment added to it: what the user's launch script
+    exports (a rank's own variables, set per rank, come on top), and the backend's."""
     arguments = list(megatron_arguments(recipe, layout, settings).argv)
+    exported = dict(recipe.environment)
     if backend.name == MEGATRON:
-        return megatron_command(backend.python, backend.megatron_path, arguments), {}
+        return megatron_command(backend.python, backend.megatron_path, arguments), exported
     profile = backend.hardware_profile.resolve()
-    env = {PROFILE_ENV: str(profile), "PYTHONPATH": str(PROJECT_ROOT)}
+    env = exported | {PROFILE_ENV: str(profile), "PYTHONPATH": str(PROJECT_ROOT)}
     return [backend.python, "-m", "launchers.emulated_megatron", *arguments], env
+
+
+def run_id(kind: str, command: Sequence[str], exported: Sequence[tuple[str, str]]) -> str:
+    """A run's id: its kind and a digest of its command and the user's exports (a resumed tune
+    finds it in the store; without exports the digest is the command's alone, as it always was)."""
+    words = [*command, *(f"{name}={value}" for name, value in exported)]
+    return f"{kind}-{hashlib.sha256(' '.join(words).encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -142,9 +151,8 @@ def run_layouts(
         layout = run.layout
         run_recipe = layout_recipe(recipe, layout)
         command, env = rank_command(backend, run_recipe, layout, options.settings)
-        digest = hashlib.sha256(" ".join(command).encode()).hexdigest()[:12]
         spec = RunSpec(
-            run_id=f"{run.kind}-{digest}",
+            run_id=run_id(run.kind, command, recipe.environment),
             study=study,
             command=command,
             parallel=run_recipe.parallel,
