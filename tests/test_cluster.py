@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 import signal
+import socket
 import sys
 import textwrap
 import threading
@@ -22,6 +23,7 @@ from ray_layout.measure.store import CostStore
 from ray_layout.model.spec import ParallelConfig
 from ray_layout.runtime.actor import RankProcess
 from ray_layout.runtime.failures import RankStatus, classify_exit, failure_mark
+from ray_layout.runtime.local import check_reachable, connected
 from ray_layout.runtime.placement import (
     check_placement,
     device_env,
@@ -172,6 +174,28 @@ def status(code: int | None, *lines: str, exit_after_s: float = 1.0) -> RankStat
         if mark:
             marks.setdefault(mark, line)
     return RankStatus(1, code, None if code is None else exit_after_s, 0.0, marks, lines)
+
+
+def test_an_address_nothing_answers_at_is_one_line_not_minutes_of_retries(monkeypatch):
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(ConfigError, match=rf"no Ray cluster answers at {closed} \(\$RAY_ADDRESS\)"):
+        check_reachable(closed, "$RAY_ADDRESS")
+    with pytest.raises(ConfigError, match=r"ray://" + closed + r" \(--ray-address\)"):
+        check_reachable(f"ray://{closed}", "--ray-address")
+    with pytest.raises(ConfigError, match="is not host:port"):
+        check_reachable("127.0.0.1:head", "--ray-address")
+    check_reachable("auto", "$RAY_ADDRESS")  # Ray's to resolve
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        check_reachable(f"127.0.0.1:{listening.getsockname()[1]}", "--ray-address")
+    monkeypatch.setenv("RAY_ADDRESS", closed)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="unset RAY_ADDRESS"), connected(None, 1, None):
+        pass
+    assert time.monotonic() - started < 5
 
 
 def test_classify_exit_names_the_cause_not_its_echo():

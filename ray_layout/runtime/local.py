@@ -22,6 +22,7 @@ newest (from the host's shared ``/tmp/ray``), and the tune would join that one.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -73,10 +74,17 @@ def connected(
     """Join ``address`` (or $RAY_ADDRESS, as in a Ray job), else start an embedded local cluster
     of ``nodes`` simulated GPU nodes; yields the GPUs per node a run may take and a line saying
     which; always disconnects."""
+    given_by = "--ray-address" if address else "$RAY_ADDRESS"
     address = address or os.environ.get("RAY_ADDRESS")
     cluster = None
     if address:
-        ray.init(address=address, logging_level="ERROR")
+        check_reachable(address, given_by)
+        try:
+            ray.init(address=address, logging_level="ERROR")
+        except ConnectionError as exc:  # something answers there, but not a Ray head
+            raise ConfigError(
+                f"cannot join a Ray cluster at {address} ({given_by}): {exc}"
+            ) from None
         per_node = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
         found = max(per_node, default=0)
         if found == 0:
@@ -94,3 +102,27 @@ def connected(
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
+
+
+PROBE_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str, given_by: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """A one-line error when nothing answers at a cluster address (``host:port`` or
+    ``ray://host:port``; ``auto`` is Ray's to resolve): ``ray.init`` would retry for minutes,
+    printing Ray's warnings, before it gives up."""
+    host_port = address.removeprefix("ray://")
+    if address == "auto" or ":" not in host_port or "/" in host_port:
+        return
+    host, _, port = host_port.rpartition(":")
+    if not port.isdigit():
+        raise ConfigError(f"{given_by} {address!r} is not host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"no Ray cluster answers at {address} ({given_by}): {reason}; start it, or unset "
+            "RAY_ADDRESS for an embedded local cluster"
+        ) from None
