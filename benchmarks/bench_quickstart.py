@@ -15,7 +15,7 @@ costs (``gpus_per_node`` set to the cluster's 4, as the emulated ranks take thei
 launcher) go through the tune's own search (``ray_layout.driver.phases.search``: same spec,
 samples, seed and ``--hbm-gb``), and each arm is scored on them (``score_given``).
 
-Targets (issue 13):
+Targets:
 
 1. pick: the A/B's pick is the planner's pick on the profile's own costs, or within the A/B's
    margin (2%) of it on those costs (a tie the A/B breaks on memory headroom);

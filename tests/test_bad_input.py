@@ -1,4 +1,4 @@
-"""Bad input stops at the door (issue 15): every reproducer a new user met, run as that user
+"""Bad input stops at the door: every reproducer a new user met, run as that user
 would run it, ends in exit 2 and one line on stderr naming the flag or file: no traceback, no
 hang, no file written, no cluster started, and never more than a bounded amount of memory.
 

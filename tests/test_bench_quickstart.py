@@ -1,5 +1,5 @@
 """The quickstart benchmark's comparisons (benchmarks/bench_quickstart.py), without a cluster:
-it runs what ``make run`` runs, and its verdicts say what issue 13's targets say."""
+it runs what ``make run`` runs, and its verdicts say what the benchmark's targets say."""
 
 from __future__ import annotations
 
