@@ -57,7 +57,7 @@ from ray_layout.driver.settings import DEFAULT_HARDWARE, TuneSettings  # noqa: E
 from ray_layout.errors import RayLayoutError  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.spec import Recipe  # noqa: E402
-from ray_layout.report.summary import ArmOutcome, TuneSummary  # noqa: E402
+from ray_layout.report.summary import ArmOutcome, TuneSummary, saved_share  # noqa: E402
 from search.planner import Problem, score_given  # noqa: E402
 from search.ranking import Candidate  # noqa: E402
 
@@ -146,15 +146,15 @@ class Faithfulness:
     gpu_seconds_full: float
 
     @property
-    def saved(self) -> float:
+    def saved(self) -> float | None:
         """The share of the whole tune's GPU-seconds that early stopping saved."""
-        return 1 - self.gpu_seconds_spent / self.gpu_seconds_full
+        return saved_share(self.gpu_seconds_spent, self.gpu_seconds_full)
 
     def passes(self) -> dict[str, bool]:
         return {
             "pick": self.pick.ok,
             "steps": all(c.ok for c in self.arms),
-            "gpu_seconds": self.saved >= TARGET_SAVED,
+            "gpu_seconds": self.saved is not None and self.saved >= TARGET_SAVED,
         }
 
 
@@ -214,6 +214,7 @@ def print_result(console: Console, result: Faithfulness, summary: TuneSummary) -
     for a in summary.arms:  # the A/B's own words on the two, a tie-break among them
         if a.layout in (pick.ab_pick, pick.own_pick) and pick.verdict != "equal":
             console.print(f"   {a.arm} {a.layout}: {a.reason}", highlight=False, markup=False)
+    saved = "an unknown share" if result.saved is None else f"{result.saved:.1%}"
     errors = [abs(c.error) for c in result.arms if c.error is not None]
     worst = f", largest error {max(errors):.2%}" if errors else ""
     console.print(
@@ -223,7 +224,7 @@ def print_result(console: Console, result: Faithfulness, summary: TuneSummary) -
     )
     console.print(
         f"3. GPU-seconds: {result.gpu_seconds_spent:,.0f} spent of {result.gpu_seconds_full:,.0f} "
-        f"with every arm to its budget: {result.saved:.1%} saved (target at least "
+        f"with every arm to its budget: {saved} saved (target at least "
         f"{TARGET_SAVED:.0%}) {verdict[passes['gpu_seconds']]}",
         highlight=False,
     )

@@ -225,6 +225,11 @@ def pick_shape(summary: TuneSummary) -> tuple[int | None, int | None]:
 
 def gpu_saving(summary: TuneSummary) -> float | None:
     """The share of GPU-seconds early stopping saved: 1 - spent / full (None: full unknown)."""
-    if not finite(summary.gpu_seconds_full) or summary.gpu_seconds_full <= 0:
+    return saved_share(summary.gpu_seconds_spent, summary.gpu_seconds_full)
+
+
+def saved_share(spent: float, full: float) -> float | None:
+    """1 - spent / full, the share of ``full`` not spent (None: full unknown)."""
+    if not finite(full) or full <= 0:
         return None
-    return 1 - summary.gpu_seconds_spent / summary.gpu_seconds_full
+    return 1 - spent / full
