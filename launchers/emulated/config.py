@@ -57,9 +57,8 @@ class RunConfig:
 
 def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
     """Parse ``argv`` as Megatron would (one-line :class:`ConfigError` or :class:`LayoutError`)."""
-    check_arguments(
-        argv, ARGUMENTS_SOURCE
-    )  # strict, as Megatron's argparse: a stray word is an error too
+    # strict, as Megatron's argparse: a stray word is an error too
+    check_arguments(argv, ARGUMENTS_SOURCE)
     flags = parse_flags(argv, ARGUMENTS_SOURCE)
     table = megatron_flag_table()
 

@@ -257,14 +257,16 @@ class LiveTest:
         if arm in self._stopped:
             return self._stopped[arm]
         if state.looks_done:
-            return self._ending(arm, len(values))
+            return self._ending(arm, values)
         return None
 
-    def _ending(self, arm: str, steady: int) -> str | None:
+    def _ending(self, arm: str, values: np.ndarray) -> str | None:
         """Why ``arm`` may end now, though not stopped: more of its steps cannot change the
         verdict.  SETTLED: every other arm is stopped or failed.  COVERED (arms run one round
         after another): every other arm is settled, ended with no more steady steps than this
-        one, or yet to run and expected to be decided within this one's steps."""
+        one, or yet to run and expected to be decided within this one's steps (``values``:
+        its steady steps)."""
+        steady = len(values)
         pending, alone = {}, True
         for other in self.arms:
             state = self._state[other]
@@ -279,7 +281,6 @@ class LiveTest:
             return SETTLED
         if steady >= self.config.look_iterations(len(self.config.looks) - 1):
             return None  # at its budget: the run ends by itself
-        values = steady_steps(self._trace(arm), self.config)[:steady]
         cv = float(np.std(values, ddof=1) / np.mean(values)) if steady > 1 else math.inf
         covering = covering_iterations(self._predictions[arm].mean_ms, cv, pending, self.config,
                                        self.first_looks)  # fmt: skip
