@@ -24,6 +24,7 @@ from ray_layout.runtime.profiling import (
     LayoutRun,
     RunOptions,
     rank_command,
+    rank_env_of,
     run_id,
     run_layouts,
 )
@@ -49,19 +50,19 @@ def test_backends_build_their_commands(tmp_path):
         Backend("megatron")
 
 
-def test_a_launch_scripts_exports_reach_every_rank_and_name_the_run(tmp_path):
+def test_a_launch_scripts_exports_reach_every_rank_and_name_the_run():
     layout = Layout.parse("Et*4|t*4|t*4|t*4mL", 4)
-    exported = (("NCCL_IB_TIMEOUT", "19"), ("NVTE_FWD_LAYERNORM_SM_MARGIN", "8"))
+    exported = (("NCCL_IB_TIMEOUT", "19"), ("NVTE_FWD_LAYERNORM_SM_MARGIN", "8"),
+                ("OMP_NUM_THREADS", "8"), ("RANK", "5"))  # fmt: skip
     recipe = replace(HANDBOOK, environment=exported)
-    command, env = rank_command(Backend("emulated", hardware_profile=PROFILE), recipe, layout,
-                                ProfileSettings())  # fmt: skip
-    assert env["NCCL_IB_TIMEOUT"] == "19" and env["NVTE_FWD_LAYERNORM_SM_MARGIN"] == "8"
-    checkout = tmp_path / "Megatron-LM"
-    checkout.mkdir()
-    (checkout / "pretrain_gpt.py").write_text("")
-    _, env = rank_command(Backend("megatron", megatron_path=checkout), recipe, layout,
-                          ProfileSettings())  # fmt: skip
-    assert env == dict(exported)
+    rank_env = rank_env_of(recipe, gpus_per_node=4)
+    for rank in (0, 7):  # every rank, of either backend: the rank environment is the launch's
+        env = rank_env(rank, 8, "10.0.0.1", 29500, [rank % 4])
+        assert env["NCCL_IB_TIMEOUT"] == "19" and env["NVTE_FWD_LAYERNORM_SM_MARGIN"] == "8"
+        assert env["OMP_NUM_THREADS"] == "8"  # the script's own setting over the launch's default
+        assert env["RANK"] == str(rank) and env["RAY_LAYOUT_NODE_RANK"] == str(rank // 4)
+    command, _ = rank_command(Backend("emulated", hardware_profile=PROFILE), recipe, layout,
+                              ProfileSettings())  # fmt: skip
     # the same command under other exports is another run; without exports the id is unchanged
     digest = hashlib.sha256(" ".join(command).encode()).hexdigest()[:12]
     assert run_id("ab", command, ()) == f"ab-{digest}"

@@ -32,6 +32,7 @@ from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import CANCELLED, FINISHED, STOPPED
 from ray_layout.runtime.outputs import run_log
+from ray_layout.runtime.placement import RankEnv
 from ray_layout.runtime.runs import run_many
 from ray_layout.runtime.spec import (
     RunResult,
@@ -74,15 +75,27 @@ class Backend:
 def rank_command(
     backend: Backend, recipe: Recipe, layout: Layout | None, settings: ProfileSettings
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv every rank runs and the environment added to it: what the user's launch script
-    exports (a rank's own variables, set per rank, come on top), and the backend's."""
+    """The argv every rank runs and the environment the backend adds to it."""
     arguments = list(megatron_arguments(recipe, layout, settings).argv)
-    exported = dict(recipe.environment)
     if backend.name == MEGATRON:
-        return megatron_command(backend.python, backend.megatron_path, arguments), exported
+        return megatron_command(backend.python, backend.megatron_path, arguments), {}
     profile = backend.hardware_profile.resolve()
-    env = exported | {PROFILE_ENV: str(profile), "PYTHONPATH": str(PROJECT_ROOT)}
+    env = {PROFILE_ENV: str(profile), "PYTHONPATH": str(PROJECT_ROOT)}
     return [backend.python, "-m", "launchers.emulated_megatron", *arguments], env
+
+
+def rank_env_of(recipe: Recipe, gpus_per_node: int) -> RankEnv:
+    """Each rank's environment: Megatron's (CUDA_DEVICE_MAX_CONNECTIONS with TP or CP > 1, ...)
+    over what the user's launch script exports, as ``megatron-command`` shows it; the cluster
+    then sets the device variables itself.  Ranks fill nodes in order, ``gpus_per_node`` at a
+    time (``ray_layout.runtime.placement.rank_order``)."""
+    exported = dict(recipe.environment)
+
+    def rank_env(rank: int, world: int, addr: str, port: int, gpus: list[int]) -> dict[str, str]:
+        environment = rank_environment(rank, world, addr, port, gpus, recipe.parallel, exported)
+        return environment | {NODE_ENV: str(rank // gpus_per_node)}
+
+    return rank_env
 
 
 def run_id(kind: str, command: Sequence[str], exported: Sequence[tuple[str, str]]) -> str:
@@ -179,14 +192,7 @@ def run_layouts(
         specs.append(spec)
         todo.append(index)
 
-    def rank_env(rank: int, world: int, addr: str, port: int, gpus: list[int]) -> dict[str, str]:
-        """Megatron's rank environment (CUDA_DEVICE_MAX_CONNECTIONS with TP or CP > 1, ...);
-        the cluster then sets the device variables itself. Ranks fill nodes in order,
-        ``gpus_per_node`` at a time (``ray_layout.runtime.placement.rank_order``)."""
-        return rank_environment(rank, world, addr, port, gpus, recipe.parallel, base={}) | {
-            NODE_ENV: str(rank // options.gpus_per_node)
-        }
-
+    rank_env = rank_env_of(recipe, options.gpus_per_node)
     for index, resumed in sorted(profiled.items()):
         on_resumed(index, resumed)
     watches = [runs[index].watch for index in todo]
