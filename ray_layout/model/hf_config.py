@@ -5,6 +5,12 @@ keys; they are mapped onto Megatron's argument names and go through ``build_reci
 other loader.  What the modeling code hard-wires instead of configuring is filled in per family:
 RMSNorm, gated MLPs (SwiGLU for ``hidden_act: silu``), rotary positions, Qwen2's q/k/v bias, and
 QK norm for Qwen3, OLMoE and DeepSeek's MLA (its q/kv latent norms are Megatron's qk_layernorm).
+Where a key is missing it takes the default of the family's HF config class (Qwen3's ``head_dim``
+128, GLM-4.5's one shared expert and one dense layer).
+
+What the model needs to be trained as released beyond its shape (router, rotary, norm epsilon)
+becomes the recipe's own Megatron flags (:mod:`ray_layout.model.hf_flags`), ahead of the file's
+``"megatron_args"``, which win.
 
 The vocabulary is padded as Megatron pads it (``make_vocab_size_divisible_by`` 128, Megatron's
 default): a checkpoint converted to Megatron carries that padding, so memory and FLOPs follow it.
@@ -15,16 +21,22 @@ further to a multiple of 128 x TP, which a divisor of 1 would hide.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ray_layout.errors import ConfigError
-from ray_layout.model.spec import Recipe, build_recipe, read_mapping
+from ray_layout.model import hf_flags
+from ray_layout.model.hf_flags import Defaults, training_flags, with_user_flags
+from ray_layout.model.spec import Recipe, build_recipe, megatron_args_of, read_mapping
 
 DEFAULT_SEQ_LENGTH = 4096
-_QK_LAYERNORM = frozenset({"deepseek_v2", "deepseek_v3", "olmoe", "qwen3", "qwen3_moe"})
+_QK_LAYERNORM = frozenset({"olmoe", "qwen3", "qwen3_moe"})  # and MLA's latent norms (_deepseek)
 _QKV_BIAS = frozenset({"qwen2", "qwen2_moe"})
+# Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has no head_dim, so its attention (like
+# every other family's here) falls back to hidden_size / num_attention_heads.
+_HEAD_DIM = {"qwen3": 128}
 
 
 def load_hf_config(
@@ -33,7 +45,9 @@ def load_hf_config(
     source: str | None = None,
     seq_length: int | None = None,
 ) -> Recipe:
-    """A recipe (default parallel sizes) from a ``config.json`` path or its parsed mapping.
+    """A recipe (default parallel sizes) from a ``config.json`` path or its parsed mapping, with
+    the Megatron flags that train it as released and the file's own ``"megatron_args"`` after
+    them.
 
     ``seq_length`` is the training sequence length, which a ``config.json`` does not record; it
     defaults to 4096 (the pretraining length of these models), capped by
@@ -51,9 +65,7 @@ def load_hf_config(
             f"{source}: hidden_act {hidden_act!r} is not supported; Megatron's gated MLP is SwiGLU "
             "(silu)"
         )
-    tied = raw.get("tie_word_embeddings", False)
-    if not isinstance(tied, bool):
-        raise ConfigError(f"{source}: tie_word_embeddings must be true or false, got {tied!r}")
+    tied = _bool(raw, "tie_word_embeddings", source)
     if seq_length is None:
         seq_length = min(DEFAULT_SEQ_LENGTH, _int(raw, "max_position_embeddings", source))
     heads = _int(raw, "num_attention_heads", source)
@@ -64,7 +76,7 @@ def load_hf_config(
         "num_attention_heads": heads,
         "group_query_attention": True,
         "num_query_groups": _int(raw, "num_key_value_heads", source, default=heads),
-        "kv_channels": _optional_int(raw, "head_dim", source),
+        "kv_channels": _optional_int(raw, "head_dim", source) or _HEAD_DIM.get(model_type),
         "ffn_hidden_size": _int(raw, "intermediate_size", source),
         "vocab_size": _int(raw, "vocab_size", source),
         "make_vocab_size_divisible_by": 128,
@@ -77,8 +89,12 @@ def load_hf_config(
         "qk_layernorm": model_type in _QK_LAYERNORM,
         "untie_embeddings_and_output_weights": not tied,
     }
-    model |= family(raw, model["num_layers"], source)
-    return build_recipe(model, source=source)
+    shape, defaults = family
+    model |= shape(raw, model["num_layers"], source)
+    recipe = build_recipe(model, source=source)
+    derived = training_flags(raw, recipe.model, defaults, source)
+    user = megatron_args_of(raw.get("megatron_args"), source)
+    return replace(recipe, megatron_args=with_user_flags(derived, user))
 
 
 def _read(
@@ -115,6 +131,15 @@ def _optional_int(raw: dict[str, Any], key: str, source: str, minimum: int = 1) 
     return value
 
 
+def _bool(raw: dict[str, Any], key: str, source: str, default: bool = False) -> bool:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+    return value
+
+
 def _int(
     raw: dict[str, Any], key: str, source: str, default: int | None = None, minimum: int = 1
 ) -> int:
@@ -147,6 +172,7 @@ def _deepseek(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
     """
     fields: dict[str, Any] = {
         "multi_latent_attention": True,
+        "qk_layernorm": True,  # the q_a and kv_a latent norms
         "q_lora_rank": _optional_int(raw, "q_lora_rank", source),
         "kv_lora_rank": _int(raw, "kv_lora_rank", source),
         "qk_head_dim": _int(raw, "qk_nope_head_dim", source),
@@ -163,6 +189,23 @@ def _deepseek(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
     fields["moe_shared_expert_intermediate_size"] = shared * fields["moe_ffn_hidden_size"]
     fields["moe_layer_freq"] = [int(i >= first_dense and i % every == 0) for i in range(num_layers)]
     return fields
+
+
+def _glm4_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
+    """GLM-4.5 / 4.6: attention with q/k/v bias (``attention_bias``) and optional QK norm
+    (``use_qk_norm``), routed plus shared experts after the first ``first_k_dense_replace`` dense
+    layers, and ``num_nextn_predict_layers`` MTP layers (none where the key is missing, as for
+    DeepSeek); Glm4MoeConfig's one shared expert and one dense layer where those are missing."""
+    fields: dict[str, Any] = _experts(raw, "n_routed_experts", "moe_intermediate_size", source)
+    shared = _int(raw, "n_shared_experts", source, default=1, minimum=0)
+    first_dense = _int(raw, "first_k_dense_replace", source, default=1, minimum=0)
+    return fields | {
+        "moe_shared_expert_intermediate_size": shared * fields["moe_ffn_hidden_size"],
+        "moe_layer_freq": [int(i >= first_dense) for i in range(num_layers)],
+        "mtp_num_layers": _int(raw, "num_nextn_predict_layers", source, default=0, minimum=0),
+        "add_qkv_bias": _bool(raw, "attention_bias", source),
+        "qk_layernorm": _bool(raw, "use_qk_norm", source),
+    }
 
 
 def _qwen_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
@@ -193,15 +236,20 @@ def _dense(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
     return {}
 
 
-_FAMILIES: dict[str, Callable[[dict[str, Any], int, str], dict[str, Any]]] = {
-    "deepseek_v2": _deepseek,
-    "deepseek_v3": _deepseek,
-    "qwen2_moe": _qwen_moe,
-    "qwen3_moe": _qwen_moe,
-    "mixtral": partial(_every_layer_moe, experts_key="num_local_experts"),
-    "olmoe": partial(_every_layer_moe, experts_key="num_experts"),
-    "llama": _dense,
-    "mistral": _dense,
-    "qwen2": _dense,
-    "qwen3": _dense,
+_Shape = Callable[[dict[str, Any], int, str], dict[str, Any]]
+
+_FAMILIES: dict[str, tuple[_Shape, Defaults]] = {
+    "deepseek_v2": (_deepseek, hf_flags.UNNORMALIZED_SOFTMAX),
+    "deepseek_v3": (_deepseek, hf_flags.DEEPSEEK_V3),
+    "kimi_k2": (_deepseek, hf_flags.DEEPSEEK_V3),  # Kimi-K2: the DeepSeek-V3 architecture
+    "glm4_moe": (_glm4_moe, hf_flags.GLM4_MOE),
+    "qwen2_moe": (_qwen_moe, hf_flags.UNNORMALIZED_SOFTMAX),
+    "qwen3_moe": (_qwen_moe, hf_flags.UNNORMALIZED_SOFTMAX),
+    "mixtral": (partial(_every_layer_moe, experts_key="num_local_experts"), hf_flags.MIXTRAL),
+    "olmoe": (partial(_every_layer_moe, experts_key="num_experts"), hf_flags.UNNORMALIZED_SOFTMAX),
+    "llama": (_dense, Defaults()),
+    "mistral": (_dense, Defaults()),
+    "qwen2": (_dense, Defaults()),
+    "qwen3": (_dense, Defaults()),
 }
+"""Each model type: how its config.json reads as Megatron's model fields, and its HF defaults."""
