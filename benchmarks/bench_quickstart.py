@@ -170,7 +170,7 @@ def against_own_costs(summary: TuneSummary, recipe: Recipe, settings: TuneSettin
     """The tune's search and each arm's score, redone on the profile's own costs."""
     own = replace(load_profile(DEFAULT_HARDWARE).costs, gpus_per_node=settings.gpus_per_node)
     searched = search(recipe, own, settings)
-    problem = Problem(recipe.model, recipe.parallel, own, searched.spec, searched.options)
+    problem = Problem.of(recipe, own, searched.spec, searched.options)
     top = tuple(c for c in searched.found.candidates if c.fits)[:TOP]
     simulated = {str(c.layout): c.mean_ms for c in top}
     for a in summary.arms:

@@ -96,7 +96,7 @@ def run_case(case: Case) -> Plan:
     spec = SearchSpec(num_microbatches=case.microbatches)
     options = PlanOptions(top=10)
     started, cpu = time.perf_counter(), time.process_time()
-    result = plan(Problem(case.recipe.model, case.recipe.parallel, case.costs, spec, options))
+    result = plan(Problem.of(case.recipe, case.costs, spec, options))
     seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
     best = result.candidates[0]
     if result.proven_bound_ms is None:
@@ -140,11 +140,7 @@ def ray_sharding() -> None:
     spec = SearchSpec(num_microbatches=case.microbatches, shards=2, time_limit_s=120.0)
     options = PlanOptions(top=10)
     started = time.perf_counter()
-    local = plan(
-        Problem(
-            case.recipe.model, case.recipe.parallel, case.costs, replace(spec, shards=1), options
-        )
-    )
+    local = plan(Problem.of(case.recipe, case.costs, replace(spec, shards=1), options))
     alone = time.perf_counter() - started
     ray.init(address="local", num_cpus=2, include_dashboard=False,
              object_store_memory=200 * 2**20,
@@ -152,7 +148,7 @@ def ray_sharding() -> None:
     try:
         started = time.perf_counter()
         sharded = plan(
-            Problem(case.recipe.model, case.recipe.parallel, case.costs, spec, options),
+            Problem.of(case.recipe, case.costs, spec, options),
             map_shards=ray_map_shards,
         )
         seconds = time.perf_counter() - started

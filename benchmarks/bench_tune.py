@@ -244,9 +244,7 @@ def predictor(recipe: Recipe, summary: TuneSummary, settings: TuneSettings):
     )
 
     def predict(layout: Layout) -> float:
-        candidate = score_given(
-            layout, Problem(recipe.model, recipe.parallel, summary.unit_costs, spec, options)
-        )
+        candidate = score_given(layout, Problem.of(recipe, summary.unit_costs, spec, options))
         return float(candidate.mean_ms)
 
     return predict

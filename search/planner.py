@@ -4,22 +4,29 @@ Spaces up to ``SearchSpec.enumerate_limit`` layouts are scored whole; larger one
 branch and bound of ``search.exact``, which proves the optimum under the cost model or reports
 how far from it the pick can be.  Either way the work can be split into shards
 (``search.shards``) that a caller's ``map_shards`` runs (Ray lives in
-``ray_layout.runtime.sharding``, never here); the ranking is in ``search.ranking``.  Megatron's
-default split and the count-based rule are always scored, whatever the search does.
+``ray_layout.runtime.sharding``, never here); the ranking is in ``search.ranking``.  The
+baselines are always scored, whatever the search does: the config's current layout (where its
+split states one), Megatron's default split shaped by its split flags, and the count-based rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ray_layout.errors import ConfigError, LayoutError
-from ray_layout.model.baselines import count_based, megatron_default
+from ray_layout.errors import ConfigError
+from ray_layout.model.baselines import BaselineName, count_based
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ModelSpec, ParallelConfig, Recipe
+from ray_layout.model.split import (
+    PipelineSplit,
+    current_layout,
+    default_layout,
+    virtual_pipeline_size,
+)
 from search.cost_model import CostModel, build_cost_model
 from search.evaluate import monte_carlo, stage_times, standard_normals, tail_ms
 from search.ranking import Candidate, PlanOptions, ShardResult, candidates_of, merge
@@ -61,7 +68,7 @@ def score_layout(
 
 @dataclass(frozen=True)
 class Baseline:
-    name: str
+    name: BaselineName
     candidate: Candidate | None
     reason: str = ""  # why there is no candidate (Megatron has no default split here, ...)
 
@@ -85,7 +92,8 @@ class Plan:
     bound_reason: str = ""  # exact search with a gap: which bound binds and why it stays open
     smallest_peak_gib: float = float("inf")  # lowest peak memory of any layout the search scored
 
-    def speedup(self, candidate: Candidate, baseline: str) -> float | None:
+    def speedup(self, candidate: Candidate, baseline: BaselineName) -> float | None:
+        """The baseline's mean step over the candidate's (None: no such baseline scored)."""
         for b in self.baselines:
             if b.name == baseline and b.candidate is not None:
                 return b.candidate.mean_ms / candidate.mean_ms
@@ -109,14 +117,22 @@ class SearchSpec:
 @dataclass(frozen=True)
 class Problem:
     """Everything a step prediction depends on, travelling together: the model and its parallel
-    sizes, the unit costs, the space and schedule to search (``spec``), and how candidates are
-    scored and kept (``options``)."""
+    sizes, the unit costs, the space and schedule to search (``spec``), how candidates are
+    scored and kept (``options``), and the config's own split (its baselines)."""
 
     model: ModelSpec
     parallel: ParallelConfig
     costs: UnitCosts
     spec: SearchSpec
     options: PlanOptions
+    split: PipelineSplit = field(default_factory=PipelineSplit)
+
+    @classmethod
+    def of(
+        cls, recipe: Recipe, costs: UnitCosts, spec: SearchSpec, options: PlanOptions
+    ) -> Problem:
+        """A recipe's problem: its model, parallel sizes and split, so no caller drops one."""
+        return cls(recipe.model, recipe.parallel, costs, spec, options, recipe.split)
 
 
 def plan(
@@ -221,21 +237,35 @@ def simulate_given(layout: Layout, problem: Problem) -> LayoutSimulation:
     )
 
 
+def current_of(model: ModelSpec, parallel: ParallelConfig, split: PipelineSplit) -> Layout | None:
+    """The layout the config runs today (None: its split states none), at the VPP its split
+    flags give, else the run's: a VPP sweep or a ``--vpp`` override still compares with what the
+    config runs.  A :class:`LayoutError` where Megatron would refuse the split."""
+    if not split.given:
+        return None
+    vpp = virtual_pipeline_size(split, model.num_layers, parallel.pp) or parallel.vpp
+    return current_layout(model.num_layers, model.mtp_num_layers, parallel.pp, vpp, split)
+
+
 def baselines(problem: Problem) -> tuple[Baseline, ...]:
-    """Megatron's default split (with the run's VPP) and the count-based rule (no VPP)."""
-    model, parallel = problem.model, problem.parallel
+    """The config's current layout (only where its split states one), Megatron's default shaped
+    by the split flags and the count-based rule (both with the run's VPP), in that order; each
+    under its own name even where two give the same layout, so every speedup can be read."""
+    model, parallel, split = problem.model, problem.parallel, problem.split
+    shape = (model.num_layers, model.mtp_num_layers, parallel.pp)
+    makers: tuple[tuple[BaselineName, Callable[[], Layout | None]], ...] = (
+        (BaselineName.CURRENT, lambda: current_of(model, parallel, split)),
+        (BaselineName.DEFAULT, lambda: default_layout(*shape, parallel.vpp, split)),
+        (BaselineName.COUNT_BASED, lambda: count_based(*shape, parallel.vpp)),
+    )
     found = []
-    makers = (
-        ("Megatron default", lambda: megatron_default(
-            model.num_layers, model.mtp_num_layers, parallel.pp, parallel.vpp)),
-        ("count-based rule", lambda: count_based(
-            model.num_layers, model.mtp_num_layers, parallel.pp)),
-    )  # fmt: skip
     for name, make in makers:
         try:
             layout = make()
-        except LayoutError as exc:
-            found.append(Baseline(name, None, str(exc)))
+            schedule = None if layout is None else _schedule_for(layout, problem)
+        except ValueError as exc:  # a LayoutError: Megatron refuses it; else this step cannot
+            found.append(Baseline(name, None, str(exc)))  # schedule its VPP (the current's own)
             continue
-        found.append(Baseline(name, score_given(layout, problem)))
+        if layout is not None and schedule is not None:
+            found.append(Baseline(name, score_layout(layout, *schedule, problem.options)))
     return tuple(found)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ray_layout.model.costs import load_costs
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import with_parallel
+from ray_layout.model.split import PipelineSplit
 from search.cost_model import CostModel, in_flight_at_peak
 from search.evaluate import _standalone_rank, stage_times, tail_ms
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
@@ -80,9 +83,11 @@ def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail):
     return (space, program, model, *plain_steps(space, program, model))
 
 
-def handbook_example_plan(top: int) -> Plan:
-    """The handbook recipe on PP 4 planned with the example costs, 32 micro-batches, 131 GiB."""
+def handbook_example_plan(top: int, split: PipelineSplit | None = None) -> Plan:
+    """The handbook recipe on PP 4 planned with the example costs, 32 micro-batches, 131 GiB;
+    ``split``: as a launch script stating it would load."""
     recipe = with_parallel(load_recipe("configs/handbook_7b_a1b.yaml"), pp=4)
+    recipe = replace(recipe, split=split or recipe.split)
     costs = load_costs("configs/costs/handbook_h200_example.json")
     options = PlanOptions(top=top, hbm_gib=131)
-    return plan(Problem(recipe.model, recipe.parallel, costs, SearchSpec(32), options))
+    return plan(Problem.of(recipe, costs, SearchSpec(32), options))

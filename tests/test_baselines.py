@@ -100,6 +100,27 @@ def test_count_based_rule_handbook():
     validate(layout, 61, 1)
 
 
+@pytest.mark.parametrize(
+    ("layers", "mtp", "pp", "vpp", "expected"),
+    [
+        (16, 1, 4, 2, "Ett|t*3|t*3|(tt|)*4mL"),  # 19 units over 8 stages: 3, 3, 3, then 2s
+        (61, 1, 16, 2, "Et|(tt|)*30mL"),  # 64 units over 32 stages
+        (16, 1, 4, 1, "Et*4|t*5|t*5|t*2mL"),  # VPP 1 as before
+    ],
+)
+def test_count_based_cuts_every_virtual_stage(layers, mtp, pp, vpp, expected):
+    layout = count_based(layers, mtp, pp, vpp)
+    assert str(layout) == expected and (layout.pp, layout.vpp) == (pp, vpp)
+    validate(layout, layers, mtp)
+
+
+def test_count_based_refuses_a_cut_megatron_refuses():
+    with pytest.raises(LayoutError, match="all 3 MTP layers must be in one virtual stage"):
+        count_based(5, 3, 3)  # 10 units: Ettt|ttm|mmL splits the MTP block
+    with pytest.raises(LayoutError, match="cannot fill PP=4 x VPP=2 = 8 stages"):
+        count_based(2, 0, 4, 2)
+
+
 def test_count_based_puts_remainder_first():
     layout = count_based(5, 2, 3)  # 9 units: 3, 3, 3
     assert layout.stages == ("Ett", "ttt", "mmL")

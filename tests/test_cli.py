@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import pytest
 from rich.console import Console
 
+from ray_layout.commands import common
 from ray_layout.commands.checks import at_least
 from ray_layout.commands.common import OneLineErrorParser
 from ray_layout.commands.flags import Settings, add_flags, argument, from_args, option
 from ray_layout.commands.main import main
 from ray_layout.commands.plan import print_plan
 from ray_layout.errors import ConfigError
+from ray_layout.model.split import PipelineSplit
 
 HANDBOOK = "configs/handbook_7b_a1b.yaml"
 DEEPSEEK = "tests/data/hf/DeepSeek-V3/config.json"
@@ -25,6 +27,19 @@ DEEPSEEK = "tests/data/hf/DeepSeek-V3/config.json"
 def run_json(capsys, *argv: str) -> dict:
     assert main([*argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+CURRENT = "Et*3|t*5|t*5|t*3mL"  # a layout a user might run today (no other baseline's)
+
+
+def with_split(monkeypatch, **split) -> None:
+    """Every command loads the config as a launch script stating this split would."""
+    load = common.load_recipe
+
+    def load_with_split(*args, **kwargs):
+        return replace(load(*args, **kwargs), split=PipelineSplit(**split))
+
+    monkeypatch.setattr(common, "load_recipe", load_with_split)
 
 
 def test_size_prints_the_handbook_counts(capsys):
@@ -50,6 +65,26 @@ def test_size_of_a_given_layout_and_of_a_model_without_default(capsys):
     report = run_json(capsys, "size", DEEPSEEK, "--pp", "16", "--ep", "8", "--dp", "8")
     assert report["layout_source"].startswith("count-based rule")
     assert round(report["parameters"]["total"] / 1e9) == 671
+
+
+def test_size_and_simulate_show_the_configs_current_layout(capsys, monkeypatch):
+    simulate = ["simulate", HANDBOOK, "--costs", COSTS, "--samples", "8"]
+    report = run_json(capsys, *simulate)
+    assert report["layout"] == "Et*4|t*4|t*4|t*4mL"
+    assert report["layout_source"] == "Megatron default"
+    with_split(monkeypatch, last_stage_layers=13)  # Megatron's default, shaped by the flag
+    report = run_json(capsys, "size", HANDBOOK, "--pp", "4")
+    assert report["layout"] == "Et|t|t|t*13mL"
+    assert report["layout_source"] == "current (the config's split)"
+    with_split(monkeypatch, layout=CURRENT)
+    report = run_json(capsys, *simulate)
+    assert report["layout"] == CURRENT and report["layout_source"].startswith("current")
+    assert main(simulate) == 0
+    assert f"{CURRENT} (current (the config's split)): mean" in capsys.readouterr().out
+    # a --pp the config's layout cannot run: Megatron's default, and why
+    report = run_json(capsys, "size", HANDBOOK, "--pp", "8")
+    assert report["layout"] == "Ett|(tt|)*6t*2mL"
+    assert report["layout_source"].startswith("Megatron default; the config's split does not")
 
 
 def test_layouts_count_and_list(capsys):
@@ -128,10 +163,27 @@ def test_plan_prints_the_pick_baselines_and_flag(capsys):
                  "--top", "3", "--samples", "32"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert 'flag to paste: --pipeline-model-parallel-layout "Et*5|t*6|t*5|mL"' in out
-    assert (
-        "│     default │ Et*4|t*4|t*4|t*4mL" in out and "│ count-based │ Et*4|t*5|t*5|t*2mL" in out
-    )
+    assert "│ default │ Et*4|t*4|t*4|t*4mL" in out and "│   count │ Et*4|t*5|t*5|t*2mL" in out
     assert "680 layouts simulated by enumeration" in out
+    assert "current" not in out  # the config states no split: no current layout to compare
+
+
+def test_plan_compares_with_the_configs_current_layout_first(capsys, monkeypatch):
+    with_split(monkeypatch, layout=CURRENT)
+    argv = ["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--hbm-gb", "131", "--top", "2",
+            "--samples", "16"]  # fmt: skip
+    report = run_json(capsys, *argv)
+    assert [b["name"] for b in report["baselines"]] == [
+        "current", "Megatron default", "count-based rule"]  # fmt: skip
+    current, best = report["baselines"][0], report["candidates"][0]
+    assert current["layout"] == CURRENT
+    assert best["speedup_vs_current"] == pytest.approx(current["mean_ms"] / best["mean_ms"])
+    assert best["speedup_vs_current"] > 1.1 and best["speedup_vs_default"] > 1.3
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    heading = next(line for line in out.splitlines() if "layout" in line)
+    assert heading.index("current") < heading.index("default") < heading.index("count")
+    assert f"│ current │ {CURRENT}" in out and f"{best['speedup_vs_current']:.2f}x" in out
 
 
 def test_plan_collapses_exact_ties_and_states_the_tie_break(capsys):
@@ -183,6 +235,19 @@ def test_plan_json_speedups_and_memory(capsys):
     assert len(best["memory_gib"]) == 4 and best["p90_ms"] >= best["noise_free_ms"] * 0.99
     assert [b["layout"] for b in report["baselines"]] == ["Et*4|t*4|t*4|t*4mL",
                                                           "Et*4|t*5|t*5|t*2mL"]  # fmt: skip
+    assert best["speedup_vs_current"] is None  # the config states no split
+
+
+def test_plan_baselines_take_the_runs_vpp_and_the_configs_split(capsys, monkeypatch):
+    argv = ["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--top", "1", "--samples", "8"]
+    report = run_json(capsys, *argv, "--vpp", "2")
+    baselines = {b["name"]: b["layout"] for b in report["baselines"]}
+    assert baselines == {"Megatron default": "Ett|(tt|)*6t*2mL",
+                         "count-based rule": "Ett|t*3|t*3|(tt|)*4mL"}  # fmt: skip
+    with_split(monkeypatch, first_stage_layers=3, last_stage_layers=3)
+    report = run_json(capsys, *argv)
+    baselines = {b["name"]: b["layout"] for b in report["baselines"]}
+    assert baselines["current"] == baselines["Megatron default"] == "Et*3|t*5|t*5|t*3mL"
 
 
 def test_plan_with_flops_costs_warns(capsys):
@@ -247,7 +312,20 @@ def test_plan_sweeps_vpp(capsys):
     assert rows[1]["best"]["layout"] == "Et*5|t*6|t*5|mL"
     assert rows[2]["best"]["mean_ms"] > 0
     assert rows[3]["best"]["mean_ms"] > 0  # 32 micro-batches, groups of 4: valid for VPP=3
+    assert all(row["best"]["speedup_vs_current"] is None for row in rows.values())
     assert main(["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--sweep-vpp", "1,x"]) == 2
+
+
+def test_a_vpp_sweep_compares_every_row_with_the_configs_current_layout(capsys, monkeypatch):
+    with_split(monkeypatch, layout=CURRENT)
+    argv = ["plan", HANDBOOK, "--pp", "4", "--costs", COSTS, "--samples", "8", "--top", "1",
+            "--sweep-vpp", "1,2"]  # fmt: skip
+    rows = run_json(capsys, *argv)["sweep"]
+    current_ms = [row["best"]["mean_ms"] * row["best"]["speedup_vs_current"] for row in rows]
+    assert current_ms[0] == pytest.approx(current_ms[1])  # one current layout, whatever the VPP
+    assert all(row["best"]["speedup_vs_current"] > 1 for row in rows)
+    assert main(argv) == 0
+    assert "current" in capsys.readouterr().out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,7 +359,7 @@ def test_plan_table_stays_readable_at_pp_16(capsys):
         "layout": "Et*3|" + "t*4|" * 14 + "t*2mL", "mean_ms": 8374.7, "p90_ms": 8402.1,
         "noise_free_ms": 8370.0, "bottleneck_rank": 15, "near_bottleneck": 3,
         "memory_gib": memory, "fits": False, "mtp_standalone": False,
-        "speedup_vs_default": None, "speedup_vs_count_based": 1.04,
+        "speedup_vs_current": None, "speedup_vs_default": None, "speedup_vs_count_based": 1.04,
     }  # fmt: skip
     report = {
         "model": "DeepSeek-V3", "pp": 16, "vpp": 1, "micro_batches": 32, "method": "exact search",
@@ -293,4 +371,5 @@ def test_plan_table_stays_readable_at_pp_16(capsys):
     out = capsys.readouterr().out
     assert "…" not in out  # no column squeezed to an ellipsis
     assert "168 (rank 5) OOM" in out and "8,374.7" in out and "rank 15" in out
+    assert "1.04x" in out  # the last column kept: the layout folds instead
     assert "".join(line.strip("│ ") for line in out.splitlines()).count("t*4|") >= 14

@@ -81,9 +81,7 @@ def summary() -> TuneSummary:
     spec, options = SearchSpec(num_microbatches=32), PlanOptions(hbm_gib=HBM)
 
     def simulate(layout: str):
-        return simulate_given(
-            Layout.parse(layout, 4), Problem(recipe.model, recipe.parallel, costs, spec, options)
-        )
+        return simulate_given(Layout.parse(layout, 4), Problem.of(recipe, costs, spec, options))
 
     sims = {
         name: simulate(layout)
@@ -336,6 +334,58 @@ def test_speedup_basis_switches_from_measured_to_predicted(summary):
     assert missing.value is None and missing.basis is None and missing.note
 
 
+CURRENT = "Et*3|t*5|t*5|t*3mL"  # what the config runs today: 7,572 ms measured, 1.20x the pick's
+
+
+def _with_current(summary: TuneSummary) -> TuneSummary:
+    """The tune of a config whose split gives ``CURRENT``: one more arm, and its timeline."""
+    problem = Problem.of(load_recipe(HANDBOOK), summary.unit_costs, SearchSpec(32),
+                         PlanOptions(hbm_gib=HBM))  # fmt: skip
+    sim = simulate_given(Layout.parse(CURRENT, 4), problem)
+    current = dataclasses.replace(
+        summary.arms[3], arm="current", layout=CURRENT, roles=(ArmRole.CURRENT,),
+        predicted_ms=sim.candidate.mean_ms, measured_ms=7572.0, ci_ms=(7557.0, 7587.0),
+        steps_ms=_steps(7572.0, 12, 9),
+    )  # fmt: skip
+    return dataclasses.replace(
+        summary,
+        arms=(*summary.arms[:3], current, *summary.arms[3:]),
+        timelines={**summary.timelines, ArmRole.CURRENT.value: sim},
+    )
+
+
+def test_the_speedup_over_the_configs_current_layout_comes_first(summary):
+    assert ArmRole.CURRENT not in speedups(summary)  # no current layout: no line for one
+    found = speedups(_with_current(summary))
+    assert list(found) == [ArmRole.CURRENT, ArmRole.DEFAULT, ArmRole.COUNT_BASED]
+    current = found[ArmRole.CURRENT]
+    assert current.basis == "measured" and current.value == pytest.approx(7572.0 / 6310.0)
+    assert current.baseline_layout == CURRENT
+    assert speedups(_no_ab(_with_current(summary)))[ArmRole.CURRENT].basis == "predicted"
+    # the current layout is Megatron's default: one arm holds both roles, and both speedups
+    shared = tuple(
+        dataclasses.replace(a, roles=(ArmRole.CURRENT, ArmRole.DEFAULT)) if a.arm == "default"
+        else a
+        for a in summary.arms
+    )  # fmt: skip
+    found = speedups(dataclasses.replace(summary, arms=shared))
+    assert found[ArmRole.CURRENT].value == found[ArmRole.DEFAULT].value == 9400.0 / 6310.0
+
+
+def test_the_report_and_terminal_say_the_speedup_over_current_first(summary):
+    with_current = _with_current(summary)
+    console = Console(record=True, width=160)
+    print_summary(with_current, console)
+    assert (
+        "Speedup: 1.20× over current (measured), 1.49× over Megatron default (measured), "
+        "1.18× over count-based rule (measured)"
+    ) in console.export_text()
+    speed = next(t for t in _tables(render_markdown(build_document(with_current)))
+                 if t[0][0] == "Over")  # fmt: skip
+    assert [row[0] for row in speed[2:]] == ["current", "Megatron default", "count-based rule"]
+    assert speed[2][1] == "`Et*3\\|t*5\\|t*5\\|t*3mL`" and speed[2][4:] == ["1.20×", "measured"]
+
+
 # --- the documents --------------------------------------------------------------------------------
 
 
@@ -554,6 +604,7 @@ def test_print_summary(summary, written):
     assert "measured 6,310.0 ms" in text
     assert "1.49× over Megatron default (measured)" in text
     assert "1.18× over count-based rule (measured)" in text
+    assert "over current" not in text  # the config states no split
     assert "(40.0% saved)" in text and "report.md" in text and "report.html" in text
     console = Console(record=True, width=100)
     print_summary(_no_ab(summary), console)

@@ -38,9 +38,9 @@ def test_ray_shards_give_the_same_plan_as_one_process(local_ray, enumerate_limit
 
     spec = SearchSpec(num_microbatches=16, enumerate_limit=enumerate_limit)
     options = PlanOptions(top=5, samples=32, block_size=200)
-    local = plan(Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, spec, options))
+    local = plan(Problem.of(HANDBOOK, COSTS, spec, options))
     sharded = plan(
-        Problem(HANDBOOK.model, HANDBOOK.parallel, COSTS, replace(spec, shards=3), options),
+        Problem.of(HANDBOOK, COSTS, replace(spec, shards=3), options),
         map_shards=ray_map_shards,
     )
     assert [c.layout for c in sharded.candidates] == [c.layout for c in local.candidates]

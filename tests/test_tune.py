@@ -28,7 +28,7 @@ from ray_layout.commands.tune import main
 from ray_layout.driver import phases
 from ray_layout.driver.phases import choose_arms
 from ray_layout.driver.settings import TuneSettings, study_id
-from ray_layout.driver.summarize import outcomes, paste_flags, refit_note
+from ray_layout.driver.summarize import outcomes, paste_flags, refit_note, timelines
 from ray_layout.driver.tune import run_tune
 from ray_layout.errors import ConfigError, MeasurementError, RunFailure
 from ray_layout.measure.store import CostStore
@@ -36,7 +36,9 @@ from ray_layout.model.costs import load_costs
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.spec import with_parallel
+from ray_layout.model.split import PipelineSplit
 from ray_layout.runtime.profiling import Backend
+from search.planner import PlanOptions, SearchSpec
 from tests.conftest import GPUS_PER_NODE, NODES
 from tests.planner_fixtures import handbook_example_plan
 
@@ -100,6 +102,27 @@ def test_choose_arms_takes_the_top_fitting_layouts_then_both_baselines_once():
         f"candidate-{rank + 1}",
         (ArmRole.CANDIDATE, ArmRole.COUNT_BASED),
     )
+
+
+def test_the_configs_current_layout_is_an_arm_and_keeps_its_role_where_shared():
+    found = handbook_example_plan(10, PipelineSplit(layout="Et*3|t*5|t*5|t*3mL"))
+    arms = choose_arms(found, 2)
+    assert [a.name for a in arms] == ["candidate-1", "candidate-2", "current", "default",
+                                      "count-based"]  # fmt: skip
+    assert str(arms[2].layout) == "Et*3|t*5|t*5|t*3mL" and arms[2].roles == (ArmRole.CURRENT,)
+    # the config runs Megatron's default today: one arm, the current's name, both roles
+    found = handbook_example_plan(10, PipelineSplit(layout="Et*4|t*4|t*4|t*4mL"))
+    arms = choose_arms(found, 2)
+    assert [(a.name, a.roles) for a in arms[2:]] == [
+        ("current", (ArmRole.CURRENT, ArmRole.DEFAULT)),
+        ("count-based", (ArmRole.COUNT_BASED,)),
+    ]
+    # the report draws the current layout beside the pick and the default
+    searched = phases.Searched(found, SearchSpec(32), PlanOptions(hbm_gib=131), 0.0)
+    costs = load_costs("configs/costs/handbook_h200_example.json")
+    drawn = timelines(HANDBOOK, arms[0].layout, searched, costs)
+    assert list(drawn) == ["pick", "current", "Megatron default"]
+    assert drawn["current"].candidate.layout == drawn["Megatron default"].candidate.layout
 
 
 def test_paste_flags_carry_the_layout_and_its_vpp():
@@ -277,6 +300,21 @@ def test_a_whole_tune_then_the_same_tune_again_from_the_store(ray_cluster, tmp_p
     assert len(attempts(store, "whole")) == len(runs)  # nothing ran twice
     assert again.pick == summary.pick
     assert out.getvalue().count("(from the store)") >= 2
+
+
+@pytest.mark.slow
+def test_a_tune_of_a_config_with_its_own_layout_measures_the_speedup_over_it(ray_cluster, tmp_path):
+    recipe = replace(SMALL, split=PipelineSplit(layout="Et*7|t*9mL"))
+    console, out = quiet()
+    summary = run_tune(recipe, small_settings(tmp_path, "current"), CONFIG, console,
+                       threading.Event())  # fmt: skip
+    current = next(a for a in summary.arms if ArmRole.CURRENT in a.roles)
+    assert current.layout == "Et*7|t*9mL" and current.status is not ArmStatus.NOT_RUN
+    speedup = next(line for line in out.getvalue().splitlines() if line.startswith("Speedup: "))
+    assert speedup.index(" over current (") < speedup.index(" over Megatron default (")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "| current | `Et*7\\|t*9mL` |" in report  # its speedup row
+    assert cluster_is_clean()
 
 
 def tune_process(tmp_path: Path, study: str, address: str) -> subprocess.Popen[str]:

@@ -1,4 +1,4 @@
-"""The live A/B test: the top layouts and both baselines run on the cluster, judged as they go.
+"""The live A/B test: the top layouts and the baselines run on the cluster, judged as they go.
 
 The statistics are :mod:`ray_layout.ab.stats` and :mod:`ray_layout.ab.decisions` (pure); this is
 the shell around them.  Every arm is one run of ``config.max_iterations`` iterations
@@ -63,7 +63,7 @@ ENDED_NOT_LOST = frozenset({SETTLED, COVERED})
 class Arm:
     """One layout of the test and what the search predicted for it."""
 
-    name: str  # "candidate-1", ..., "default", "count-based"
+    name: str  # "candidate-1", ..., "current", "default", "count-based"
     layout: Layout
     roles: tuple[ArmRole, ...]  # a candidate the baseline rule also gives holds both
     predicted_ms: float

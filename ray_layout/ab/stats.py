@@ -1,10 +1,11 @@
 """Early stopping for a live A/B test between a few pipeline layouts ("arms").
 
 The planner ranks layouts with a simulator; the last word belongs to the cluster.  A handful of
-arms (the planner's best candidates, Megatron's default split, the count-based rule) train side
-by side, and every few iterations we ask: is some arm already clearly worse than the best, so
-that its GPUs can be freed?  This module is the statistics of that question, kept pure (numpy and
-scipy over frozen dataclasses) so that a recorded test replays bit for bit on a CPU.
+arms (the planner's best candidates, the config's current layout, Megatron's default split, the
+count-based rule) train side by side, and every few iterations we ask: is some arm already
+clearly worse than the best, so that its GPUs can be freed?  This module is the statistics of
+that question, kept pure (numpy and scipy over frozen dataclasses) so that a recorded test
+replays bit for bit on a CPU.
 
 Why not Ray Tune's ASHA or median stopping: they compare one scalar per rung, with no notion of
 its variance, and need many trials to be sound (ASHA never stops the first trial at a rung, the
@@ -131,7 +132,7 @@ class ABConfig:
 class ArmTrace:
     """What one arm has run so far (or ran, when replayed)."""
 
-    arm: str  # unique label, e.g. "candidate-1", "default", "count-based"
+    arm: str  # unique label, e.g. "candidate-1", "current", "default", "count-based"
     layout: str  # the layout string
     steps_ms: tuple[float, ...]  # per-iteration step time, warm-up included (may hold nan/inf)
     failure: str | None = None  # "oom", "nan", "hang", "timeout", "crash", ...; None: fine so far

@@ -8,15 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import StrEnum
 
+from ray_layout.model.baselines import BaselineName
+
 ROLE_JOIN = " + "  # how an arm with several roles is shown: "candidate + Megatron default"
 
 
 class ArmRole(StrEnum):
-    """Why an arm is in the test; one arm may hold several (a candidate that is a baseline)."""
+    """Why an arm is in the test; one arm may hold several (a candidate that is a baseline).  A
+    baseline's role has its :class:`BaselineName`'s value, so ``ArmRole(baseline.name)`` is it."""
 
     CANDIDATE = "candidate"
-    DEFAULT = "Megatron default"
-    COUNT_BASED = "count-based rule"
+    CURRENT = BaselineName.CURRENT.value
+    DEFAULT = BaselineName.DEFAULT.value
+    COUNT_BASED = BaselineName.COUNT_BASED.value
 
 
 class ArmStatus(StrEnum):

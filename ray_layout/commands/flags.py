@@ -52,9 +52,10 @@ def option(
     return field(default=default, metadata={_FLAG: spec})
 
 
-def argument(*, help: str, checks: Sequence[Check] = ()) -> Any:
-    """A positional field."""
-    return field(metadata={_FLAG: FlagSpec(help, positional=True, checks=tuple(checks))})
+def argument(*, help: str, checks: Sequence[Check] = (), default: Any = MISSING) -> Any:
+    """A positional field; with a default it may be left out."""
+    spec = FlagSpec(help, positional=True, checks=tuple(checks))
+    return field(default=default, metadata={_FLAG: spec})
 
 
 def _spellings(item: Field) -> tuple[str, ...]:
@@ -107,6 +108,8 @@ def _argparse_options(item: Field, kind: Any) -> dict[str, Any]:
     elif spec.parse is None and kind is not str:
         options["type"] = kind
     if spec.positional:
+        if item.default is not MISSING:
+            options |= {"nargs": "?", "default": item.default}
         return options
     if item.default is MISSING and item.default_factory is MISSING:
         options["required"] = True

@@ -6,7 +6,7 @@ import math
 import sys
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -24,6 +24,7 @@ from ray_layout.commands.searching import (
     unit_costs,
 )
 from ray_layout.errors import ConfigError, InputError
+from ray_layout.model.baselines import BaselineName
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe, check_pipeline_stages
 from ray_layout.runtime.sharding import ray_map_shards
@@ -49,13 +50,28 @@ class PlanSettings(ModelSettings):
     )
 
 
+class Shown(NamedTuple):
+    """How one baseline appears: its candidates' speedup field, its row label, its column."""
+
+    key: str
+    label: str
+    column: str
+
+
+SHOWN = {  # the headings take two lines, so that three of them leave the layout its line
+    BaselineName.CURRENT: Shown("speedup_vs_current", "current", "vs\ncurrent"),
+    BaselineName.DEFAULT: Shown("speedup_vs_default", "default", "vs\ndefault"),
+    BaselineName.COUNT_BASED: Shown("speedup_vs_count_based", "count", "vs\ncount"),
+}
+LAYOUT_COLUMN, LONGEST_LINE = 1, 40  # a longer layout folds rather than squeeze the figures
+
+
 def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any]:
     rows = []
     ties = result.ties or (1,) * len(result.candidates)
     for c, tied in zip(result.candidates, ties, strict=True):
         row = candidate_row(c) | {"ties": tied}
-        row["speedup_vs_default"] = result.speedup(c, "Megatron default")
-        row["speedup_vs_count_based"] = result.speedup(c, "count-based rule")
+        row |= {shown.key: result.speedup(c, name) for name, shown in SHOWN.items()}
         rows.append(row)
     return {
         "model": recipe.model.name,
@@ -84,11 +100,18 @@ def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any
     }
 
 
-_SHORT = {"Megatron default": "default", "count-based rule": "count-based"}  # row labels
-
-
 def _speedup(value: float | None) -> str:
     return f"{value:.2f}x" if value else "-"
+
+
+def compared(with_current: bool) -> tuple[Shown, ...]:
+    """The speedup columns, in order: the current layout's first, and only where there is one."""
+    return tuple(shown for name, shown in SHOWN.items()
+                 if with_current or name is not BaselineName.CURRENT)  # fmt: skip
+
+
+def _speedups(row: dict[str, Any], columns: tuple[Shown, ...]) -> list[str]:
+    return [_speedup(row.get(shown.key)) for shown in columns]
 
 
 def _peak_memory(row: dict[str, Any]) -> str:
@@ -98,42 +121,56 @@ def _peak_memory(row: dict[str, Any]) -> str:
     return f"{peak:.0f} (rank {rank})" + ("" if row["fits"] else " OOM")
 
 
+def _cells(label: str, row: dict[str, Any], speedups: list[str]) -> list[str]:
+    return [
+        label,
+        row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else ""),
+        f"{row.get('ties', 1):,}",
+        f"{row['mean_ms']:,.1f}",
+        f"{row['p90_ms']:,.1f}",
+        f"rank {row['bottleneck_rank']}",
+        str(row["near_bottleneck"]),
+        _peak_memory(row),
+        *speedups,
+    ]
+
+
+def layout_width(width: int, headers: list[str], rows: list[list[str]]) -> int:
+    """The layout column's width: its longest string up to ``LONGEST_LINE``, less where the other
+    columns (each its widest line, a space either side and a border) leave less of ``width``, so
+    that the layout folds rather than the table lose its last columns."""
+
+    def widest(column: int) -> int:
+        texts = [headers[column], *(row[column] for row in rows)]
+        return max(len(line) for text in texts for line in text.splitlines())
+
+    others = sum(widest(c) + 3 for c in range(len(headers)) if c != LAYOUT_COLUMN)
+    return max(min(widest(LAYOUT_COLUMN), LONGEST_LINE, width - others - 4), 8)
+
+
 def print_plan(report: dict[str, Any], console: Console) -> None:
     table = Table(
         title=f"{report['model']}: PP={report['pp']} VPP={report['vpp']}, "
         f"{report['micro_batches']} micro-batches"
     )
-    rows = [*report["candidates"], *(b for b in report["baselines"] if "layout" in b)]
-    # a layout up to 40 characters keeps its line; a longer one folds rather than squeeze the
-    # figures beside it
-    widest = min(max((len(row["layout"]) for row in rows), default=6), 40)
-    for column in ("#", "layout", "ties", "mean ms", "p90 ms", "slowest", "near",
-                   "peak GiB", "vs default", "vs count"):  # fmt: skip
-        layout = column == "layout"
+    scored = [b for b in report["baselines"] if "layout" in b]
+    columns = compared(any(b["name"] == BaselineName.CURRENT for b in scored))
+    headers = ["#", "layout", "ties", "mean ms", "p90 ms", "slowest", "near", "peak GiB",
+               *(shown.column for shown in columns)]  # fmt: skip
+    ranked = [_cells(str(index), row, _speedups(row, columns))
+              for index, row in enumerate(report["candidates"], 1)]  # fmt: skip
+    compared_with = [_cells(SHOWN[BaselineName(base["name"])].label, base, [""] * len(columns))
+                     for base in scored]  # fmt: skip
+    width = layout_width(console.width, headers, [*ranked, *compared_with])
+    for index, column in enumerate(headers):
+        layout = index == LAYOUT_COLUMN
         table.add_column(column, justify="left" if layout else "right", no_wrap=not layout,
-                         overflow="fold", min_width=widest if layout else None)  # fmt: skip
-
-    def add(label: str, row: dict[str, Any], vs_default: str, vs_count: str) -> None:
-        table.add_row(
-            label,
-            row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else ""),
-            f"{row.get('ties', 1):,}",
-            f"{row['mean_ms']:,.1f}",
-            f"{row['p90_ms']:,.1f}",
-            f"rank {row['bottleneck_rank']}",
-            str(row["near_bottleneck"]),
-            _peak_memory(row),
-            vs_default,
-            vs_count,
-        )
-
-    for index, row in enumerate(report["candidates"], 1):
-        add(str(index), row, _speedup(row["speedup_vs_default"]),
-            _speedup(row["speedup_vs_count_based"]))  # fmt: skip
+                         overflow="fold", min_width=width if layout else None)  # fmt: skip
+    for cells in ranked:
+        table.add_row(*cells)
     table.add_section()
-    for base in report["baselines"]:
-        if "layout" in base:
-            add(_SHORT.get(base["name"], base["name"]), base, "", "")
+    for cells in compared_with:
+        table.add_row(*cells)
     console.print(table)
     for base in report["baselines"]:
         if "layout" not in base:
@@ -195,7 +232,7 @@ def _planned(
         _start_ray(settings.ray_address, spec.shards)
         map_shards = ray_map_shards
     found = plan(
-        Problem(recipe.model, recipe.parallel, costs, spec, options),
+        Problem.of(recipe, costs, spec, options),
         progress=_progress,
         map_shards=map_shards,
     )
@@ -226,17 +263,19 @@ def _sweep_vpp(settings: PlanSettings, recipe: Recipe, costs: UnitCosts) -> dict
 
 
 def _print_sweep(report: dict[str, Any], console: Console, title: str) -> None:
+    bests = [row["best"] for row in report["sweep"] if row.get("best")]
+    columns = compared(any(best.get(SHOWN[BaselineName.CURRENT].key) for best in bests))
     table = Table(title=title)
-    for column in ("VPP", "best layout", "mean ms", "vs default", "vs count"):
+    for column in ("VPP", "best layout", "mean ms", *(shown.column for shown in columns)):
         table.add_column(column, justify="left" if column == "best layout" else "right")
     for row in report["sweep"]:
         best = row.get("best")
         if best is None:
-            table.add_row(str(row["vpp"]), row.get("skipped", "no layout fits"), "", "", "")
+            skipped = row.get("skipped", "no layout fits")
+            table.add_row(str(row["vpp"]), skipped, "", *[""] * len(columns))
             continue
         table.add_row(str(row["vpp"]), best["layout"], f"{best['mean_ms']:,.1f}",
-                      _speedup(best["speedup_vs_default"]),
-                      _speedup(best["speedup_vs_count_based"]))  # fmt: skip
+                      *_speedups(best, columns))  # fmt: skip
     console.print(table)
 
 

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ray_layout.commands.checks import new_file
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
+from ray_layout.commands.config_layout import config_layout
 from ray_layout.commands.flags import argument, option
 from ray_layout.commands.searching import (
     SearchFlags,
@@ -29,7 +30,9 @@ TIMELINE_SUFFIXES = (".png", ".svg", ".pdf")
 
 @dataclass(frozen=True, kw_only=True)
 class SimulateSettings(ModelSettings):
-    layout: str = argument(help=LAYOUT_HELP)
+    layout: str | None = argument(
+        help=f"{LAYOUT_HELP} (default: the config's own, else Megatron's default)", default=None
+    )
     search: SearchFlags = field(default_factory=SearchFlags)
     as_json: bool = json_flag()
     timeline: str | None = option(
@@ -41,13 +44,16 @@ class SimulateSettings(ModelSettings):
 
 def run_simulate(settings: SimulateSettings, console: Console) -> None:
     recipe = settings.recipe()
-    layout = Layout.parse(settings.layout, recipe.parallel.pp)
+    if settings.layout is None:
+        layout, source = config_layout(recipe)
+    else:
+        layout, source = Layout.parse(settings.layout, recipe.parallel.pp), "given"
     validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
     recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
     search = settings.search
     costs = unit_costs(search.costs, recipe, search.allow_cost_mismatch, search.tflops)
     spec, options = search_spec(recipe, settings.search)
-    result = simulate_given(layout, Problem(recipe.model, recipe.parallel, costs, spec, options))
+    result = simulate_given(layout, Problem.of(recipe, costs, spec, options))
     if settings.timeline:
         draw_timeline(
             result.events,
@@ -61,11 +67,13 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
         "tail_ms": list(result.tail_ms),
         "bubble_fraction": result.bubble_fraction,
         "timeline": settings.timeline,
+        "layout_source": source,
     }
 
     def show(report: dict[str, Any], console: Console) -> None:
+        shown = "" if settings.layout else f" ({source})"
         console.print(
-            f"{layout}: mean {report['mean_ms']:,.1f} ms, p90 {report['p90_ms']:,.1f} ms, "
+            f"{layout}{shown}: mean {report['mean_ms']:,.1f} ms, p90 {report['p90_ms']:,.1f} ms, "
             f"noise-free {report['noise_free_ms']:,.1f} ms; "
             f"bubble {report['bubble_fraction']:.1%}",
             highlight=False,

@@ -9,9 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
+from ray_layout.commands.config_layout import NOTE, config_layout
 from ray_layout.commands.flags import option
-from ray_layout.errors import LayoutError
-from ray_layout.model.baselines import count_based, megatron_default
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.sizing import (
     DECODER,
@@ -27,24 +26,14 @@ from ray_layout.model.spec import Recipe
 
 @dataclass(frozen=True, kw_only=True)
 class SizeSettings(ModelSettings):
-    layout: str | None = option(None, help="size this layout instead of Megatron's default")
+    layout: str | None = option(
+        None, help="size this layout instead of the config's own (else Megatron's default)"
+    )
     as_json: bool = json_flag()
 
 
 def _billions(count: float) -> str:
     return f"{count / 1e9:.2f}B" if count >= 1e8 else f"{count / 1e6:.2f}M"
-
-
-def _default_or_count_layout(recipe: Recipe) -> tuple[Layout, str]:
-    """Megatron's default split, or the count-based rule where Megatron has none."""
-    m, p = recipe.model, recipe.parallel
-    try:
-        return megatron_default(m.num_layers, m.mtp_num_layers, p.pp, p.vpp), "Megatron default"
-    except LayoutError as exc:
-        if p.vpp > 1:
-            raise
-        layout = count_based(m.num_layers, m.mtp_num_layers, p.pp)
-        return layout, f"count-based rule; {exc}"
 
 
 def size_report(recipe: Recipe, layout: Layout, layout_source: str) -> dict[str, Any]:
@@ -118,7 +107,7 @@ def print_size(report: dict[str, Any], console: Console) -> None:
             f"{row['static_memory_gib']:.2f}",
         )
     console.print(units)
-    source, _, note = report["layout_source"].partition("; ")
+    source, _, note = report["layout_source"].partition(NOTE)
     stages = Table(title=f"Per stage of {report['layout']} ({source})", caption=note or None)
     for column in ("PP rank", "units", "params", "GFLOP fwd", "weights", "grads", "optim", "GiB"):
         stages.add_column(column, justify="right")
@@ -141,7 +130,7 @@ def run_size(settings: SizeSettings, console: Console) -> None:
     if settings.layout:
         layout, source = Layout.parse(settings.layout, recipe.parallel.pp), "given"
     else:
-        layout, source = _default_or_count_layout(recipe)
+        layout, source = config_layout(recipe, count_fallback=True)
     emit(size_report(recipe, layout, source), settings.as_json, print_size, console)
 
 

@@ -107,7 +107,7 @@ class TuneFlags(ModelSettings):
     runner: BackendFlags = field(default_factory=BackendFlags)
     hbm_gb: float | None = hbm_flag("GPU memory limit in GiB for the search")
     ab_top: int = option(
-        3, help="how many top layouts to A/B-test with both baselines (0: none)",
+        3, help="how many top layouts to A/B-test with the baselines (0: none)",
         checks=[at_least(0)],
     )  # fmt: skip
     store: str = option("ray_layout_store", help="the cost store folder", checks=[folder_or_new])

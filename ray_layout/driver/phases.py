@@ -57,7 +57,8 @@ from search.space import LayoutSpace
 
 SHARD_ABOVE, MAX_SHARDS = 200_000, 8  # layouts a process searches alone; Ray tasks at most
 P90_SDS = 1.2816  # a normal's 90th percentile in standard deviations above its mean
-BASELINE_ARMS = {ArmRole.DEFAULT: "default", ArmRole.COUNT_BASED: "count-based"}  # arm names
+BASELINE_ARMS = {ArmRole.CURRENT: "current", ArmRole.DEFAULT: "default",
+                 ArmRole.COUNT_BASED: "count-based"}  # arm names  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def search(
                           seed=settings.seed, hbm_gib=settings.hbm_gib)  # fmt: skip
     started = time.monotonic()
     map_shards = ray_map_shards if spec.shards > 1 else None
-    found = plan(Problem(model, parallel, costs, spec, options), progress, map_shards)
+    found = plan(Problem.of(recipe, costs, spec, options), progress, map_shards)
     return Searched(found, spec, options, time.monotonic() - started)
 
 
@@ -208,9 +209,10 @@ def _arm(name: str, c: Candidate, role: ArmRole) -> Arm:
 
 
 def choose_arms(found: Plan, top: int) -> list[Arm]:
-    """The top ``top`` layouts that fit, then the two baselines, each layout once: a baseline the
-    search also ranked on top keeps its candidate name and adds its role, so the report still
-    finds it."""
+    """The top ``top`` layouts that fit, then the baselines (the config's current layout where it
+    has one, Megatron's default, the count-based rule), each layout once: a layout that is a
+    candidate or an earlier baseline too keeps the first arm's name and adds its role, so the
+    report still finds every baseline."""
     fitting = [c for c in found.candidates if c.fits][:top]
     arms = [_arm(f"candidate-{index}", c, ArmRole.CANDIDATE) for index, c in enumerate(fitting, 1)]
     for baseline in found.baselines:

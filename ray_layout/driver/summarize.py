@@ -14,12 +14,15 @@ from ray_layout.driver.phases import Refit, Searched
 from ray_layout.driver.settings import TuneSettings
 from ray_layout.measure.fit import FitResult
 from ray_layout.measure.store import CostStore
+from ray_layout.model.baselines import BaselineName
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe
 from ray_layout.report.summary import PICK, ArmOutcome, SearchFacts, TuneSummary
 from ray_layout.runtime.profiling import ProfiledRun
 from search.planner import LayoutSimulation, Problem, score_given, simulate_given
+
+TIMELINE_BASELINES = (BaselineName.CURRENT, BaselineName.DEFAULT)  # drawn beside the pick
 
 
 def paste_flags(layout: Layout) -> tuple[str, ...]:
@@ -98,21 +101,13 @@ def refit_note(recipe: Recipe, refined: Refit, ab: ABOutcome, searched: Searched
         return refined.skipped
     if refined.result is None:
         return None
+    problem = Problem.of(recipe, refined.result.costs, searched.spec, searched.options)
     errors = []
     for r in ab.results:
         values = steady_steps(r.trace, config)
         if len(values) and r.trace.failure is None:
-            predicted = score_given(
-                r.arm.layout,
-                Problem(
-                    recipe.model,
-                    recipe.parallel,
-                    refined.result.costs,
-                    searched.spec,
-                    searched.options,
-                ),
-            ).mean_ms
-            errors.append(abs(predicted / float(values.mean()) - 1))  # fmt: skip
+            predicted = score_given(r.arm.layout, problem).mean_ms
+            errors.append(abs(predicted / float(values.mean()) - 1))
     if not errors:
         return "refit: no arm measured"
     worst, mean = 100 * max(errors), 100 * sum(errors) / len(errors)
@@ -136,17 +131,14 @@ def profile_gpu_seconds(store: CostStore, study: str, profiled: Sequence[Profile
 
 def timelines(recipe: Recipe, pick: Layout, searched: Searched,
               costs: UnitCosts) -> dict[str, LayoutSimulation]:  # fmt: skip
-    """The simulated steps the report draws: the pick's and Megatron's default split's."""
-    default = next(b.candidate for b in searched.found.baselines if b.name == ArmRole.DEFAULT)
+    """The simulated steps the report draws: the pick's, then the config's current layout's (where
+    it has one) and Megatron's default split's, keyed by their role."""
     shown = {PICK: pick}
-    if default is not None:
-        shown[ArmRole.DEFAULT.value] = default.layout
-    return {
-        name: simulate_given(
-            layout, Problem(recipe.model, recipe.parallel, costs, searched.spec, searched.options)
-        )
-        for name, layout in shown.items()
-    }
+    for b in searched.found.baselines:
+        if b.name in TIMELINE_BASELINES and b.candidate is not None:
+            shown[ArmRole(b.name).value] = b.candidate.layout
+    problem = Problem.of(recipe, costs, searched.spec, searched.options)
+    return {name: simulate_given(layout, problem) for name, layout in shown.items()}
 
 
 def summarize(

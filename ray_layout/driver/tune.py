@@ -79,7 +79,7 @@ def run_tune(
     arms = choose_arms(searched.found, settings.ab_top)
     ab = NO_AB
     if settings.ab_top > 0:
-        with phases.phase("A/B", "the top layouts and both baselines, live, early-stopped"):
+        with phases.phase("A/B", "the top layouts and the baselines, live, early-stopped"):
             ab = ab_test(recipe, arms, settings, store, phases, cancel, cluster_gpus())
     notes = []
     with phases.phase("refit", "A/B runs added to the cost model"):

@@ -1,16 +1,30 @@
-"""The two layouts every plan is compared with: Megatron's default split and the count rule.
+"""The layouts every plan and tune is compared with, by name, and two of them built here:
+Megatron's default split and the count rule (the config's own, *current* layout is
+``model.split``'s).
 
 Megatron's default (no layout string) gives each PP rank ``num_layers / PP`` decoder layers,
 split evenly over its virtual chunks, with the embedding on the first stage and every MTP layer,
 the output layer and the loss on the last (``transformer_block.get_num_layers_to_build``).  The
 count-based rule ("auto layout" of Megatron Lite) counts E, each m and L as one layer each and
-cuts the units as evenly as possible, earlier stages taking the remainder.
+cuts the units as evenly as possible over every virtual stage, earlier stages taking the
+remainder.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from ray_layout.errors import LayoutError
-from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout
+from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, validate
+
+
+class BaselineName(StrEnum):
+    """The baselines, in the order they are shown; string values, so the store, the JSON and the
+    report keep the very names they hold."""
+
+    CURRENT = "current"  # the layout the config's own split gives (model.split.current_layout)
+    DEFAULT = "Megatron default"
+    COUNT_BASED = "count-based rule"
 
 
 def megatron_default(
@@ -96,15 +110,26 @@ def megatron_default(
     return Layout(tuple(stages), pp)
 
 
-def count_based(num_layers: int, mtp_num_layers: int, pp: int) -> Layout:
-    """E, every t, every m and L count one unit each; stage s takes ``base + (s < rem)`` units."""
+def count_based(num_layers: int, mtp_num_layers: int, pp: int, vpp: int = 1) -> Layout:
+    """E, every t, every m and L count one unit each, cut over the PP x VPP stages in Megatron's
+    flat order (a layout of that VPP): stage s takes ``base + (s < rem)`` units.  A
+    :class:`LayoutError` where the cut is one Megatron refuses (the MTP block split)."""
     units = EMBEDDING + DECODER * num_layers + MTP * mtp_num_layers + LOSS
-    base, remainder = divmod(len(units), pp)
+    count = pp * vpp
+    base, remainder = divmod(len(units), count)
     if base == 0:
-        raise LayoutError(f"{len(units)} units cannot fill PP={pp} stages")
+        where = f"PP={pp}" if vpp == 1 else f"PP={pp} x VPP={vpp} = {count}"
+        raise LayoutError(f"{len(units)} units cannot fill {where} stages")
     stages, start = [], 0
-    for stage in range(pp):
+    for stage in range(count):
         size = base + (1 if stage < remainder else 0)
         stages.append(units[start : start + size])
         start += size
-    return Layout(tuple(stages), pp)
+    layout = Layout(tuple(stages), pp)
+    try:
+        validate(layout, num_layers, mtp_num_layers)
+    except LayoutError as exc:
+        raise LayoutError(
+            f"the count-based rule gives {layout}, which Megatron refuses: {exc}"
+        ) from None
+    return layout

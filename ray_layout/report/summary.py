@@ -20,7 +20,7 @@ from ray_layout.model.costs import UnitCosts
 from ray_layout.model.layout import Layout
 from search.planner import Candidate, LayoutSimulation
 
-BASELINES = (ArmRole.DEFAULT, ArmRole.COUNT_BASED)
+BASELINES = (ArmRole.CURRENT, ArmRole.DEFAULT, ArmRole.COUNT_BASED)  # speedups in this order
 PICK = "pick"  # the timeline of the pick; the baselines' timelines go by their role
 
 
@@ -28,7 +28,7 @@ PICK = "pick"  # the timeline of the pick; the baselines' timelines go by their 
 class ArmOutcome:
     """One layout considered for the A/B, and what became of it."""
 
-    arm: str  # "candidate-1", "candidate-2", ..., "default", "count-based"
+    arm: str  # "candidate-1", "candidate-2", ..., "current", "default", "count-based"
     layout: str  # e.g. "Et*5|t*6|t*5|mL"
     roles: tuple[ArmRole, ...]  # a candidate that is also a baseline holds both
     predicted_ms: float  # simulated mean step time under the cost model the search used
@@ -178,12 +178,21 @@ def predicted_ms(arm: ArmOutcome | None, summary: TuneSummary, name: str) -> flo
     return candidate.mean_ms if candidate is not None and finite(candidate.mean_ms) else None
 
 
+def has_current(summary: TuneSummary) -> bool:
+    """Whether the config runs a layout of its own (an arm or a timeline holds it)."""
+    current = ArmRole.CURRENT
+    return baseline_arm(summary, current) is not None or current in summary.timelines
+
+
 def speedups(summary: TuneSummary) -> dict[ArmRole, Speedup]:
-    """The pick's speedup over Megatron's default and the count-based rule, keyed by baseline:
-    measured when the A/B measured both the pick and the baseline, else predicted."""
+    """The pick's speedup over the config's current layout (only where it has one), Megatron's
+    default and the count-based rule, in that order, keyed by baseline: measured when the A/B
+    measured both the pick and the baseline, else predicted."""
     pick = pick_arm(summary)
     found = {}
     for role in BASELINES:
+        if role is ArmRole.CURRENT and not has_current(summary):
+            continue
         base = baseline_arm(summary, role)
         scored = simulated(summary, role)
         layout = base.layout if base is not None else scored.layout if scored else None
