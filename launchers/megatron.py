@@ -22,6 +22,7 @@ from ray_layout.model.baselines import megatron_default
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.megatron_args import check_arguments, parse_flags
 from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig, Recipe
+from ray_layout.model.split import SPLIT_FLAGS, PipelineSplit
 
 ARGUMENTS_SOURCE = "pretrain_gpt.py arguments"  # how errors in an argument list name it
 _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
@@ -77,15 +78,15 @@ def megatron_arguments(
     merged = merge_arguments(
         [
             *_model_arguments(recipe.model, settings.keep_data),
-            *_parallel_arguments(recipe.parallel, layout),
+            *_parallel_arguments(recipe.parallel, layout, recipe.split),
             *_training_arguments(settings),
         ],
         _default_arguments(recipe.model, settings),
         recipe.megatron_args,
         keep_data=settings.keep_data,
-        layout_given=layout is not None,
+        unresolved=recipe.unresolved_arguments,
     )
-    check_arguments(merged.argv, ARGUMENTS_SOURCE)
+    check_arguments(merged.argv, ARGUMENTS_SOURCE, keep_unknown=True)
     if layout is None:
         _check_default_split(recipe, merged.argv)
     return merged
@@ -263,9 +264,16 @@ def _mla_arguments(mla: MLAConfig) -> list[str]:
     )
 
 
-def _parallel_arguments(p: ParallelConfig, layout: Layout | None) -> list[str]:
-    """DP is not an argument: Megatron derives it from WORLD_SIZE (see rank_environment)."""
+def _parallel_arguments(
+    p: ParallelConfig, layout: Layout | None, split: PipelineSplit
+) -> list[str]:
+    """DP is not an argument: Megatron derives it from WORLD_SIZE (see rank_environment).  The
+    split is the tuner's: the layout under test, or (for Megatron's default) the config's own
+    split flags with the VPP as virtual stages, so that no two VPP flags ever meet."""
     virtual_stages = p.vpp if layout is None and p.vpp > 1 else None  # a layout carries its VPP
+    default_split = {} if layout is not None else {
+        SPLIT_FLAGS[key]: value for key, value in split.shapes_default.items()
+    }  # fmt: skip
     return _flags(
         {
             "--tensor-model-parallel-size": p.tp,
@@ -279,6 +287,7 @@ def _parallel_arguments(p: ParallelConfig, layout: Layout | None) -> list[str]:
             "--use-distributed-optimizer": p.use_distributed_optimizer,
             "--num-virtual-stages-per-pipeline-rank": virtual_stages,
             _LAYOUT_FLAG: None if layout is None else str(layout),
+            **default_split,
             # the interleaved schedule as ray_layout simulates and emulates it: batched p2p
             "--no-overlap-p2p-communication": (layout.vpp if layout else p.vpp) > 1,
         }

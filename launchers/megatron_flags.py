@@ -17,8 +17,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.megatron_args import FlagUse, megatron_flag_table, typed_value, walk_flags
+from ray_layout.errors import ConfigError, InputError
+from ray_layout.model.layout import parse_stages
+from ray_layout.model.megatron_args import (
+    FlagUse,
+    UnresolvedArgument,
+    megatron_flag_table,
+    typed_value,
+    walk_flags,
+)
+from ray_layout.model.spec import parse_moe_layer_freq
 
 USER_SOURCE = "the user's Megatron flags"
 # What the tuner sets in every profiling run, whatever the user's command line says, by group.
@@ -97,32 +105,34 @@ def merge_arguments(
     user: Sequence[str],
     *,
     keep_data: bool = False,
-    layout_given: bool = True,
+    unresolved: Sequence[UnresolvedArgument] = (),
 ) -> MergedArguments:
     """``tuner``'s arguments, then ``defaults`` the user did not set, then the user's flags that
-    the tuner neither owns nor writes itself.  Without a layout the user's split flags stay:
-    Megatron's own split comes from them.  Raises :class:`ConfigError` at a flag unknown to
-    Megatron's flag table or a value the launch script left unresolved."""
+    the tuner neither owns nor writes itself (a flag Megatron's bundled table does not know goes
+    through as written).  ``unresolved`` are the user's flags whose value only the job's
+    environment has: one the tuner owns is left out with a note, any other is a
+    :class:`ConfigError` naming it, its line and the variable."""
     tuner_uses = {use.entry["dest"]: use for use in walk_flags(tuner, "tuner", strict=True)}
     # argparse keeps a repeated flag's last value: so does the run, giving the flag once
     user_uses = list(
-        {u.entry["dest"]: u for u in walk_flags(user, USER_SOURCE, strict=True)}.values()
+        {
+            (u.entry["dest"] or u.flag): u
+            for u in walk_flags(user, USER_SOURCE, strict=True, keep_unknown=True)
+        }.values()
     )
     owned = owned_dests(keep_data)
-    if not layout_given:
-        owned = {dest: group for dest, group in owned.items() if group != "layout and split"}
-    notes, kept = [], []
+    notes = _unresolved_notes(unresolved, set(owned) | set(tuner_uses))
+    kept = []
     for use in user_uses:
         dest = use.entry["dest"]
         mine = tuner_uses.get(dest)
         if mine is not None:
-            if _differs(use, mine):
+            if _differs(use, mine, tuner_uses):
                 now = " ".join(mine.values) if mine.flag == use.flag else _words(mine)
                 notes.append(f"replaced {_words(use)} with {now}")
         elif dest in owned:
             notes.append(f"removed {_words(use)} ({owned[dest]}: the tuner's)")
         else:
-            _check_resolved(use)
             kept += _as_words(use)
     given = {use.entry["dest"] for use in user_uses}
     default_uses = walk_flags(defaults, "tuner defaults", strict=True)
@@ -130,12 +140,25 @@ def merge_arguments(
     return MergedArguments((*tuner, *unset, *kept), tuple(dict.fromkeys(notes)))
 
 
+def _unresolved_notes(unresolved: Sequence[UnresolvedArgument], tuners: set[str]) -> list[str]:
+    table = megatron_flag_table()
+    groups = owned_dests(keep_data=False)
+    notes = []
+    for argument in unresolved:
+        dest = table.get(argument.flag, {}).get("dest")
+        if dest not in tuners:
+            raise ConfigError(f"{argument.message}; a run passes it on, so it needs its value")
+        group = groups.get(dest, "set by the tuner")
+        notes.append(f"removed {argument.text} ({group}: the tuner's)")
+    return notes
+
+
 def cost_flags(user: Sequence[str]) -> tuple[str, ...]:
     """The user's flags that change unit costs (precision, recompute, fp8, attention backend,
     router dtype, overlap, grouped GEMM, ...), with their values, in order."""
     return tuple(
         word
-        for use in walk_flags(user, USER_SOURCE, strict=True)
+        for use in walk_flags(user, USER_SOURCE, strict=True, keep_unknown=True)
         if _COST_FLAG.fullmatch(use.flag)
         for word in _as_words(use)
     )
@@ -150,23 +173,26 @@ def _overridden(default: FlagUse, given: set[str]) -> bool:
     return bool(_SAME_CHOICE.get(dest, {dest}) & given)
 
 
-def _differs(user: FlagUse, tuner: FlagUse) -> bool:
-    """Whether two uses of one flag set different values (switches: --x against --no-x)."""
+def _differs(user: FlagUse, tuner: FlagUse, tuner_uses: Mapping[str, FlagUse]) -> bool:
+    """Whether two uses of one flag set different values (switches: --x against --no-x); a
+    layout and a ``--moe-layer-freq`` are compared by what they mean, not how they are written
+    (``Et*2|...`` and ``Ett|...``)."""
     if user.entry["nargs"] == 0:
         return user.flag != tuner.flag
+    dest = user.entry["dest"]
+    try:
+        if dest == "pipeline_model_parallel_layout":
+            return parse_stages(user.values[0]) != parse_stages(tuner.values[0])
+        if dest == "moe_layer_freq" and "num_layers" in tuner_uses:
+            layers = int(tuner_uses["num_layers"].values[0])
+            patterns = [parse_moe_layer_freq(u.values[0], layers) for u in (user, tuner)]
+            return patterns[0] != patterns[1]
+    except InputError:
+        return True
     typed = [
         tuple(typed_value(use, text, USER_SOURCE) for text in use.values) for use in (user, tuner)
     ]
     return typed[0] != typed[1]
-
-
-def _check_resolved(use: FlagUse) -> None:
-    for text in use.values:
-        if "$" in text:
-            raise ConfigError(
-                f"{USER_SOURCE}: {use.flag} {text} uses a variable the launch script does not "
-                "set; give the value itself"
-            )
 
 
 def _as_words(use: FlagUse) -> list[str]:

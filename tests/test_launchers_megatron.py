@@ -21,7 +21,8 @@ from launchers.megatron import (
 from ray_layout.errors import ConfigError
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.layout import Layout
-from ray_layout.model.megatron_args import check_arguments, load_megatron_command_line
+from ray_layout.model.megatron_args import check_arguments
+from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.spec import (
     ParallelConfig,
     Recipe,
@@ -30,6 +31,7 @@ from ray_layout.model.spec import (
     load_recipe_file,
     with_parallel,
 )
+from ray_layout.model.split import PipelineSplit
 
 ROOT = Path(__file__).parent.parent
 HF = Path(__file__).parent / "data" / "hf"
@@ -246,9 +248,10 @@ def test_the_users_flags_pass_through_and_the_tuners_replace_theirs():
     )
 
 
-def test_unknown_extra_flag_is_named():
-    with pytest.raises(ConfigError, match=r"unknown Megatron flag --moe-grouped-gem$"):
-        arguments(handbook, ("--moe-grouped-gem",))
+def test_a_flag_the_bundled_table_does_not_know_goes_through_as_written():
+    """Megatron moves fast (``--megatron-fsdp-*``): the cluster's own table decides in tune."""
+    args = arguments(handbook, ("--moe-grouped-gem", "--enable-gpt-oss-x", "on"))
+    assert args[-3:] == ["--moe-grouped-gem", "--enable-gpt-oss-x", "on"]
 
 
 def test_the_users_split_flags_give_way_to_a_layout_and_stay_without_one():
@@ -257,9 +260,21 @@ def test_the_users_split_flags_give_way_to_a_layout_and_stay_without_one():
     assert values(args, "--decoder-first-pipeline-num-layers") == []
     assert value(args, LAYOUT_FLAG) == "Et*5|t*6|t*5|mL"
     recipe, _ = handbook()
-    args = argv(replace(recipe, megatron_args=extra), None)  # Megatron's own split: theirs
+    split = PipelineSplit(first_stage_layers=3, last_stage_layers=5)
+    args = argv(replace(recipe, megatron_args=extra, split=split), None)  # Megatron's own split
     assert value(args, "--decoder-first-pipeline-num-layers") == "3"
+    assert values(args, "--decoder-first-pipeline-num-layers") == ["3"]  # given once
     assert values(args, LAYOUT_FLAG) == []
+
+
+def test_the_default_arm_of_a_vpp_script_never_gets_both_vpp_flags():
+    recipe, _ = handbook()
+    recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=2),
+                     megatron_args=("--num-layers-per-virtual-pipeline-stage", "2"),
+                     split=PipelineSplit(layers_per_virtual_stage=2))  # fmt: skip
+    args = argv(recipe, None)
+    assert values(args, "--num-layers-per-virtual-pipeline-stage") == []
+    assert value(args, "--num-virtual-stages-per-pipeline-rank") == "2"
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError
-from ray_layout.model.megatron_args import (
-    load_megatron_command_line,
-    load_megatron_script,
-    megatron_flag_table,
-    parse_flags,
-    walk_flags,
-)
+from ray_layout.model.megatron_args import megatron_flag_table, parse_flags, walk_flags
+from ray_layout.model.megatron_recipe import load_megatron_command_line, load_megatron_script
 from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig
 
 DATA = Path(__file__).parent / "data"
@@ -209,18 +204,16 @@ def test_flag_table_is_cached_and_complete():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (f"{BASE} --num-expertz 8", "unknown Megatron flag --num-expertz"),
+        (BASE.replace("4", "$LAYERS", 1), "--num-layers uses $LAYERS, which the script does not"),
         (
-            f"torchrun --nproc_per_node 8 pretrain_gpt.py {BASE} --tp 2",
-            "unknown Megatron flag --tp",
+            "L=$((2*N))\n" + BASE.replace("4", "${L}", 1),
+            "--num-layers uses L (line 1) = $((2*N)) uses $N, which",
         ),
-        (BASE.replace("4", "$LAYERS", 1), "--num-layers uses $LAYERS"),
-        ("L=$((2*2))\n" + BASE.replace("4", "${L}", 1), "--num-layers uses $L"),
-        (BASE.replace("4", "$(cat layers)", 1), "--num-layers uses $(...)"),
+        (BASE.replace("4", "$(cat layers)", 1), "--num-layers uses $(cat layers) (a command subst"),
         (
-            "ARGS=(--num-layers $(( 2 * 2 )))\npython pretrain_gpt.py ${ARGS[@]} "
-            + BASE.replace("--num-layers 4", ""),
-            "--num-layers uses $(...)",
+            "ARGS=(--num-layers $(nproc))\npython pretrain_gpt.py "
+            "${ARGS[@]} " + BASE.replace("--num-layers 4", ""),
+            "--num-layers uses $(nproc) (a command substitution",
         ),
         (f"{BASE} --tensor-model-parallel-size 0", "--tensor-model-parallel-size must be >= 1"),
         (BASE.replace("256", "big"), "--hidden-size needs a value of type int, got 'big'"),
@@ -231,8 +224,7 @@ def test_flag_table_is_cached_and_complete():
         (BASE.replace("--num-layers 4", ""), "has no --num-layers"),
         (
             BASE.replace("--vocab-size 1000", "--tokenizer-type HuggingFaceTokenizer"),
-            "vocab size is needed: add --vocab-size N (Megatron reads it from the "
-            "HuggingFaceTokenizer",
+            "give --vocab-size N (Megatron reads the vocabulary from the HuggingFaceTokenizer",
         ),
         (
             f"torchrun --nnodes=1:4 pretrain_gpt.py {BASE}",
@@ -250,9 +242,9 @@ def test_flag_table_is_cached_and_complete():
         (
             f"{BASE} --num-layers-per-virtual-pipeline-stage 1 "
             "--num-virtual-stages-per-pipeline-rank 2",
-            "set only one of --num-layers-per-virtual-pipeline-stage",
+            "Megatron accepts at most one of --num-layers-per-virtual-pipeline-stage",
         ),
-        ("ARGS=(--num-layers 4\n", "a '(' is never closed"),
+        ("ARGS=(--num-layers 4\n", "an array's '(' is never closed"),
         ('python pretrain_gpt.py --split "99,1', "a quotation is never closed"),
     ],
 )

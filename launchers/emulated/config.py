@@ -16,12 +16,8 @@ from launchers.megatron import ARGUMENTS_SOURCE
 from ray_layout.errors import ConfigError
 from ray_layout.model.baselines import megatron_default
 from ray_layout.model.layout import Layout, validate
-from ray_layout.model.megatron_args import (
-    check_arguments,
-    load_megatron_command_line,
-    megatron_flag_table,
-    parse_flags,
-)
+from ray_layout.model.megatron_args import check_arguments, megatron_flag_table, parse_flags
+from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.spec import ModelSpec, ParallelConfig, with_parallel
 
 # Megatron accepts at most one of these and a layout string

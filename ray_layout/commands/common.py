@@ -8,7 +8,7 @@ import json
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from rich.console import Console
@@ -17,7 +17,8 @@ from ray_layout.commands.checks import between
 from ray_layout.commands.flags import Settings, add_flags, argument, from_args, option
 from ray_layout.errors import EXIT_BAD_INPUT, RayLayoutError
 from ray_layout.model.loading import load_recipe
-from ray_layout.model.spec import MAX_DIMENSION, MAX_PARALLEL_SIZE, Recipe, with_parallel
+from ray_layout.model.megatron_recipe import Overrides
+from ray_layout.model.spec import MAX_DIMENSION, MAX_PARALLEL_SIZE, Recipe
 
 CONFIG_HELP = "model config: project YAML/JSON, HF config.json, or Megatron launch script"
 PARALLEL = "parallel sizes (override the config's)"
@@ -48,6 +49,19 @@ class ParallelFlags(Settings):
         return {name: size for name, size in sizes.items() if size is not None}
 
 
+def _environment_checks(assignments: tuple[str, ...]) -> str | None:
+    """Each ``--env`` is ``NAME=VALUE`` (a shell variable, or a script argument's number), and
+    sets its variable once."""
+    names = []
+    for text in assignments:
+        name, equals, _ = text.partition("=")
+        if not equals or not (name.isidentifier() or name.isdigit()) or not name.isascii():
+            return f"must be NAME=VALUE with a shell variable's name, got {text[:80]!r}"
+        names.append(name)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    return f"sets {repeated[0]} twice" if repeated else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings(Settings):
     """A model config and the parallel sizes to run it with: where most commands start."""
@@ -57,13 +71,27 @@ class ModelSettings(Settings):
     seq_length: int | None = option(
         None, help="training sequence length override", checks=[between(1, MAX_DIMENSION)]
     )
+    vocab_size: int | None = option(
+        None, help="vocabulary size (a script's tokenizer is not loaded)",
+        checks=[between(1, MAX_DIMENSION)],
+    )  # fmt: skip
+    env: tuple[str, ...] = option(
+        (), help="NAME=VALUE of the job's environment a launch script reads (repeatable)",
+        metavar="NAME=VALUE", checks=[_environment_checks],
+    )  # fmt: skip
 
     def recipe(self) -> Recipe:
-        """The config's recipe with the flags' overrides (``ConfigError`` if they do not fit)."""
-        recipe = load_recipe(self.config)
-        if self.seq_length is not None:
-            recipe = replace(recipe, model=replace(recipe.model, seq_length=self.seq_length))
-        return with_parallel(recipe, **self.parallel.sizes_given())
+        """The config's recipe with the flags' overrides, given to a launch script before
+        anything in it is checked (``ConfigError`` if they do not fit); what loading decided
+        is said once, on stderr."""
+        sizes = self.parallel.sizes_given()
+        sizes |= {k: v for k, v in (("seq_length", self.seq_length),
+                                    ("vocab_size", self.vocab_size)) if v is not None}  # fmt: skip
+        environment = dict(text.partition("=")[::2] for text in self.env)
+        recipe = load_recipe(self.config, Overrides(environment, sizes))
+        for note in recipe.notes:
+            print(one_line(f"note: {note}"), file=sys.stderr)
+        return recipe
 
 
 def json_flag(help: str = "print JSON") -> Any:

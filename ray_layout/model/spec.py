@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 
 from ray_layout.errors import ConfigError
+from ray_layout.model.megatron_args import UnresolvedArgument
+from ray_layout.model.split import PipelineSplit
 
 # Bounds far above any real model or cluster: a typo (a billion layers, a 20-digit size) ends in
 # one line naming the field, not in a MemoryError, an OverflowError or an hour of work.
@@ -121,15 +123,21 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A model together with the parallel sizes its configuration asked for, and the user's own
-    Megatron flags (a launch script's, or ``megatron_args:``) and the variables a launch script
-    exports, which profiling runs pass on."""
+    """A model together with the parallel sizes its configuration asked for, how it splits the
+    model over pipeline stages, and the user's own Megatron flags (a launch script's, or
+    ``megatron_args:``) and the variables a launch script exports, which profiling runs pass
+    on."""
 
     model: ModelSpec
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     megatron_args: tuple[str, ...] = ()
     environment: tuple[tuple[str, str], ...] = ()  # (name, value), sorted by name
     unresolved_environment: tuple[str, ...] = ()  # exported without a plain value in the script
+    split: PipelineSplit = field(default_factory=PipelineSplit)  # the config's own split flags
+    notes: tuple[str, ...] = ()  # what loading decided that the user should hear once
+    # the user's flags whose value the job's environment gives: left out of megatron_args; a run
+    # refuses them unless the tuner owns them
+    unresolved_arguments: tuple[UnresolvedArgument, ...] = ()
 
 
 MODEL_KEYS = (
