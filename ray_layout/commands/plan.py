@@ -23,9 +23,11 @@ from ray_layout.commands.searching import (
     unchecked_memory_note,
     unit_costs,
 )
+from ray_layout.commands.tuned_script import comment_line, write_script_flag, write_tuned_script
 from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.baselines import BaselineName
 from ray_layout.model.costs import UnitCosts
+from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe, check_pipeline_stages
 from ray_layout.runtime.sharding import ray_map_shards
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
@@ -48,6 +50,7 @@ class PlanSettings(ModelSettings):
         parse=comma_integers("1,2,4"),
         checks=[each(between(1, MAX_PARALLEL_SIZE))],
     )
+    write_script: str | None = write_script_flag()
 
 
 class Shown(NamedTuple):
@@ -291,6 +294,14 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
         report = _planned(settings, recipe, costs, *_search(settings, recipe))
         emit(report, settings.as_json, print_plan, console)
         check_memory(report, settings.search.hbm_gb)
+        if settings.write_script and report["candidates"]:
+            best = report["candidates"][0]
+            over = "current" if best.get("speedup_vs_current") else "Megatron default"
+            speedup = best.get("speedup_vs_current") or best.get("speedup_vs_default")
+            layout = Layout.parse(best["layout"], recipe.parallel.pp)
+            comment = comment_line("plan", layout, speedup, over)
+            write_tuned_script(settings, settings.write_script, layout, comment)
+            print(f"plan: wrote {settings.write_script}", file=sys.stderr)
 
 
 def check_memory(report: dict[str, Any], hbm_gib: float | None) -> None:

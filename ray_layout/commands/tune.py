@@ -40,12 +40,14 @@ from ray_layout.commands.searching import (
     hbm_flag,
     microbatch_count,
 )
+from ray_layout.commands.tuned_script import comment_line, write_script_flag, write_tuned_script
 from ray_layout.driver.settings import TuneSettings, study_id
 from ray_layout.driver.tune import run_tune
 from ray_layout.errors import EXIT_INTERRUPTED, ConfigError
 from ray_layout.measure.observations import STEP_WARMUP
+from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
-from ray_layout.report.summary import TuneSummary
+from ray_layout.report.summary import TuneSummary, speedups
 from ray_layout.runtime.local import connected
 
 DESCRIPTION = (
@@ -156,6 +158,7 @@ class TuneFlags(ModelSettings):
     seed: int = option(0, checks=[at_least(0)])
     allow_standalone_mtp: bool = option(False)
     as_json: bool = json_flag("print the summary as JSON at the end")
+    write_script: str | None = write_script_flag()
 
 
 def tune_settings(flags: TuneFlags, recipe: Recipe, gpus_per_node: int) -> TuneSettings:
@@ -208,7 +211,15 @@ def tune_on_cluster(
 
 
 def run(flags: TuneFlags, console: Console, cancel: threading.Event) -> None:
-    summary, _, settings = tune_on_cluster(flags, console, cancel)
+    summary, recipe, settings = tune_on_cluster(flags, console, cancel)
+    if flags.write_script:
+        found = speedups(summary)
+        role = next((r for r in found if found[r].value), None)
+        layout = Layout.parse(summary.pick, recipe.parallel.pp)
+        value = found[role].value if role else None
+        comment = comment_line(f"tune, study {summary.study}", layout, value, str(role))
+        write_tuned_script(flags, flags.write_script, layout, comment)
+        console.print(f"wrote {flags.write_script}", highlight=False)
     if flags.as_json:
         report_dir = str(settings.report_dir)
         print(json.dumps({"pick": str(summary.pick), "flags": list(summary.flags),

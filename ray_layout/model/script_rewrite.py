@@ -51,7 +51,7 @@ def rewrite_split(
     pp_use = _last(uses, _PP_FLAG)
     for use in uses:
         if use.flag in split_flags and use is not layout_use:
-            edits += [_removal(text, arguments[i], source) for i in _span(use)]
+            edits.append(_removal(text, [arguments[i] for i in _span(use)], source))
     if layout_use is not None and layout_use.values:
         value_word = arguments[layout_use.position + 1]
         edits.append(_replacement(text, value_word, str(layout), source, launch.reparsed))
@@ -125,10 +125,10 @@ def _quote_at(text: str, position: int) -> str | None:
     return quote
 
 
-def _removal(text: str, word: ExpandedWord, source: str) -> _Edit:
-    """A word taken out with its quotes and the blanks before it (the whole line, when the word
-    was all there was on it)."""
-    start, end = _written(word, source)
+def _removal(text: str, words: list[ExpandedWord], source: str) -> _Edit:
+    """A flag and its values taken out with their quotes and the blanks before them; the whole
+    line where they were all there was on a continued line."""
+    start, end = _written(words[0], source)[0], _written(words[-1], source)[1]
     if (
         start > 0
         and text[start - 1] in _QUOTES
@@ -140,7 +140,7 @@ def _removal(text: str, word: ExpandedWord, source: str) -> _Edit:
     line_end = text.find("\n", end)
     line_end = len(text) if line_end < 0 else line_end
     rest = text[line_start:start].strip() + text[end:line_end].strip()
-    if rest in ("", "\\"):
+    if rest == "\\":  # a continued line that held only this flag
         return _Edit(line_start, min(line_end + 1, len(text)), "")
     while start > line_start and text[start - 1] in " \t":
         start -= 1

@@ -1,0 +1,86 @@
+"""``--write-script OUT`` of ``plan`` and ``tune``: the user's launch script handed back with only
+its split changed to the pick (``ray_layout.model.script_rewrite``), checked by reading it back:
+the written script's current layout is the pick.  Nothing is written when anything fails."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ray_layout.commands.checks import new_file
+from ray_layout.commands.common import ModelSettings
+from ray_layout.commands.flags import option
+from ray_layout.errors import ConfigError, InputError
+from ray_layout.model.launch_script import read_script_file
+from ray_layout.model.layout import Layout
+from ray_layout.model.loading import load_recipe
+from ray_layout.model.megatron_recipe import Overrides
+from ray_layout.model.script_rewrite import rewrite_split
+from ray_layout.model.split import current_layout
+
+_FILE_CONFIGS = (".yaml", ".yml", ".json")
+
+
+def write_script_flag() -> Any:
+    return option(None, help="write a copy of CONFIG (a launch script) with the pick as its split",
+                  metavar="OUT", checks=[new_file()])  # fmt: skip
+
+
+def comment_line(origin: str, layout: Layout, speedup: float | None, over: str) -> str:
+    """The one line the written script gains: where its layout came from and what it buys."""
+    gain = f", predicted {speedup:.2f}x over {over}" if speedup else ""
+    return f"ray_layout {origin}: --pipeline-model-parallel-layout {layout}{gain}"
+
+
+def write_tuned_script(settings: ModelSettings, out: str, layout: Layout, comment: str) -> None:
+    """Write ``settings.config`` to ``out`` with ``layout`` as its split; a
+    :class:`ConfigError` where CONFIG is no script or the result does not read back as it."""
+    source = settings.config
+    path = Path(source)
+    if not path.is_file() or path.suffix.lower() in _FILE_CONFIGS:
+        raise ConfigError(f"--write-script needs a launch script or model file as CONFIG, not "
+                          f"{source[:80]!r}")  # fmt: skip
+    environment = dict(text.partition("=")[::2] for text in settings.env)
+    text = read_script_file(path, source)
+    written = rewrite_split(text, source, layout, comment, environment)
+    _check_reads_back(settings, written, layout, out)
+    _write(Path(out), written, (path.stat().st_mode & 0o777) | 0o200)
+
+
+def _check_reads_back(settings: ModelSettings, written: str, layout: Layout, out: str) -> None:
+    sizes = {**settings.parallel.sizes_given(), "pp": layout.pp}
+    sizes.pop("vpp", None)  # the layout carries its VPP
+    sizes |= {k: v for k, v in (("seq_length", settings.seq_length),
+                                ("vocab_size", settings.vocab_size)) if v is not None}  # fmt: skip
+    environment = dict(text.partition("=")[::2] for text in settings.env)
+    with tempfile.TemporaryDirectory() as folder:
+        probe = Path(folder) / Path(settings.config).name
+        probe.write_text(written)
+        try:
+            recipe = load_recipe(str(probe), Overrides(environment, sizes))
+            m, p = recipe.model, recipe.parallel
+            got = current_layout(m.num_layers, m.mtp_num_layers, p.pp, p.vpp, recipe.split)
+        except InputError as exc:
+            raise ConfigError(f"--write-script {out}: the written script does not read back "
+                              f"({exc})") from None  # fmt: skip
+    if got is None or got.stages != layout.stages:
+        raise ConfigError(f"--write-script {out}: the written script reads back as {got}, not "
+                          f"{layout}; nothing written")  # fmt: skip
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    """A reader sees the old file or the new one, never half of one; the original's mode."""
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(handle, "w") as stream:
+                stream.write(text)
+            os.chmod(temporary, mode)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as exc:
+        raise ConfigError(f"--write-script {path}: cannot write ({exc.strerror})") from None
