@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launchers.megatron_flags import MergedArguments, merge_arguments
@@ -25,6 +25,7 @@ from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig, Recipe
 from ray_layout.model.split import SPLIT_FLAGS, PipelineSplit
 
 ARGUMENTS_SOURCE = "pretrain_gpt.py arguments"  # how errors in an argument list name it
+DEFAULT_MICROBATCHES_PER_STAGE = 4  # bubble (PP - 1) / (M + PP - 1): about a fifth
 _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 # --eval-iters 0 already turns evaluation off, but Megatron still divides by the interval.
 _NO_EVALUATION = 1_000_000_000
@@ -75,6 +76,7 @@ def megatron_arguments(
     """
     if layout is not None:
         _check_layout(recipe, layout)
+    recipe, batch_note = _with_global_batch(recipe)
     merged = merge_arguments(
         [
             *_model_arguments(recipe.model, settings.keep_data),
@@ -87,9 +89,26 @@ def megatron_arguments(
         unresolved=recipe.unresolved_arguments,
     )
     check_arguments(merged.argv, ARGUMENTS_SOURCE, keep_unknown=True)
+    if batch_note:
+        merged = replace(merged, notes=(batch_note, *merged.notes))
     if layout is None:
         _check_default_split(recipe, merged.argv)
     return merged
+
+
+def _with_global_batch(recipe: Recipe) -> tuple[Recipe, str | None]:
+    """A config without a global batch size (an HF ``config.json`` has none) would train one
+    micro-batch per step, Megatron's default, where a pipeline is nearly all bubble: the run
+    takes ``DEFAULT_MICROBATCHES_PER_STAGE`` micro-batches per pipeline stage instead, and says
+    so."""
+    p = recipe.parallel
+    if p.global_batch_size:
+        return recipe, None
+    microbatches = DEFAULT_MICROBATCHES_PER_STAGE * p.pp
+    batch = p.micro_batch_size * p.dp * microbatches
+    note = (f"no global batch size in the config: --global-batch-size {batch} ({microbatches} "
+            "micro-batches a step); give --global-batch-size for your own")  # fmt: skip
+    return replace(recipe, parallel=replace(p, global_batch_size=batch)), note
 
 
 def environment_notes(recipe: Recipe) -> tuple[str, ...]:

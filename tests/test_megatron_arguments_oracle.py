@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.megatron import ProfileSettings, megatron_arguments
+from launchers.megatron import DEFAULT_MICROBATCHES_PER_STAGE, ProfileSettings, megatron_arguments
 from ray_layout.errors import ConfigError, LayoutError
 from ray_layout.model.baselines import count_based, megatron_default
 from ray_layout.model.hf_config import load_hf_config
@@ -562,7 +562,9 @@ def test_every_rank_command_line_of_the_product_is_accepted(case):
             continue
         args = validate_megatron_args(parse_megatron_args(arguments), p.world_size)
         assert args.data_parallel_size == p.dp
-        assert args.global_batch_size == (p.global_batch_size or p.micro_batch_size * p.dp)
+        # without one in the config, the run takes 4 micro-batches per pipeline stage
+        default = p.micro_batch_size * p.dp * DEFAULT_MICROBATCHES_PER_STAGE * p.pp
+        assert args.global_batch_size == (p.global_batch_size or default)
         assert (args.virtual_pipeline_model_parallel_size or 1) == p.vpp
 
 
