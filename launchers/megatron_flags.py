@@ -53,7 +53,7 @@ TUNER_OWNED: Mapping[str, tuple[str, ...]] = {
         "--merge-file", "--vocab-size",
     ),
     "checkpoint": (
-        "--save", "--load", "--save-interval", "--pretrained-checkpoint", "--ckpt-format",
+        "--save", "--load", "--save-interval", "--pretrained-checkpoint",
         "--finetune", "--no-load-optim", "--no-load-rng", "--no-save-optim", "--no-save-rng",
         "--use-checkpoint-args", "--auto-detect-ckpt-format", "--async-save",
         "--non-persistent-save-interval", "--exit-on-missing-checkpoint", "--ckpt-step",

@@ -119,7 +119,6 @@ def test_validate_reports_standalone_and_placement(capsys):
         (["size", HANDBOOK, "--tp", "3"], "not divisible by TP 3"),
         (["size", HANDBOOK, "--pp", "4", "--layout", "Et*4|t*4|t*4|t*4L"], "MTP layers"),
         (["layouts", HANDBOOK, "--pp", "0"], "must be >= 1"),
-        (["layouts", HANDBOOK], "required: --pp"),
         (["size", HANDBOOK, "--pp", "four"], "invalid int value"),
     ],
 )  # fmt: skip

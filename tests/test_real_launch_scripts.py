@@ -117,17 +117,7 @@ CASES = {
     "glm45_air": Case("real_hf_configs/GLM-4.5-Air/config.json", (), 106, ("--pp", "4", *MICRO)),
 }
 
-# A product bug: `layouts` takes neither --env nor --vocab-size/--seq-length (LayoutsSettings
-# loads the config with no overrides), so every script needing them is refused, though its
-# error says "give --vocab-size N".
-LAYOUTS_BUG = pytest.mark.xfail(
-    strict=True, reason="layouts has no --env/--vocab-size/--seq-length (no overrides)"
-)
 # A product bug: megatron-command ignores the script's own --pipeline-model-parallel-layout
-# (size and plan take it as the current layout) and refuses 61 layers on PP 8 without --layout.
-COMMAND_BUG = pytest.mark.xfail(
-    strict=True, reason="megatron-command ignores the script's own layout (refuses 61 on PP 8)"
-)
 
 
 def params(marks: dict[str, pytest.MarkDecorator] | None = None):
@@ -179,15 +169,8 @@ def without(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     return kept
 
 
-# A product bug: megatron-command removes the script's --ckpt-format fsdp_dtensor as a checkpoint
-# flag (the tuner's), but with --use-megatron-fsdp Megatron's validate_args requires it.
-FSDP_CKPT_BUG = pytest.mark.xfail(
-    strict=True, reason="megatron-command drops --ckpt-format fsdp_dtensor that FSDP requires"
-)
-
-
 @pytest.mark.megatron
-@pytest.mark.parametrize("name", params({"gke": COMMAND_BUG, "sbatch_dsv3": FSDP_CKPT_BUG}))
+@pytest.mark.parametrize("name", params())
 def test_megatron_command_passes_megatron_validate_args(name, capsys):
     case = CASES[name]
     argv, world = megatron_command(capsys, case)
@@ -205,7 +188,7 @@ def test_gke_command_with_its_layout_given_passes_megatron(capsys):
     assert args.pipeline_model_parallel_size == 8
 
 
-@pytest.mark.parametrize("name", params({n: LAYOUTS_BUG for n in CASES if CASES[n].flags}))
+@pytest.mark.parametrize("name", params())
 def test_layouts_count(name, capsys):
     case = CASES[name]
     pp = case.plan[case.plan.index("--pp") + 1]

@@ -9,19 +9,18 @@ from typing import Any
 from rich.console import Console
 
 from ray_layout.commands.checks import MAX_LISTED, between
-from ray_layout.commands.common import CONFIG_HELP, Command, emit, json_flag
-from ray_layout.commands.flags import Settings, argument, option
+from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
+from ray_layout.commands.flags import option
 from ray_layout.model.layout import check_interleaving
-from ray_layout.model.loading import load_recipe
-from ray_layout.model.spec import MAX_PARALLEL_SIZE, check_pipeline_stages
+from ray_layout.model.spec import check_pipeline_stages
 from search.space import LayoutSpace
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayoutsSettings(Settings):
-    config: str = argument(help=CONFIG_HELP)
-    pp: int = option(checks=[between(1, MAX_PARALLEL_SIZE)])
-    vpp: int = option(1, checks=[between(1, MAX_PARALLEL_SIZE)])
+class LayoutsSettings(ModelSettings):
+    """The config with its overrides (``--pp``, ``--vpp``, ``--env``, ...), as every command
+    that reads a config takes them."""
+
     count: bool = option(False, help="only count (no enumeration)")
     allow_empty_stages: bool = option(False)
     allow_standalone_mtp: bool = option(False)
@@ -30,14 +29,15 @@ class LayoutsSettings(Settings):
 
 
 def run_layouts(settings: LayoutsSettings, console: Console) -> None:
-    model = load_recipe(settings.config).model
-    check_interleaving(settings.pp, settings.vpp)
-    check_pipeline_stages(settings.pp, settings.vpp, source="--pp, --vpp")
+    recipe = settings.recipe()
+    model, pp, vpp = recipe.model, recipe.parallel.pp, recipe.parallel.vpp
+    check_interleaving(pp, vpp)
+    check_pipeline_stages(pp, vpp, source="--pp, --vpp")
     space = LayoutSpace(
         model.num_layers,
         model.mtp_num_layers,
-        settings.pp,
-        settings.vpp,
+        pp,
+        vpp,
         allow_empty_stages=settings.allow_empty_stages,
         allow_standalone_mtp=settings.allow_standalone_mtp,
     )
@@ -61,7 +61,7 @@ def run_layouts(settings: LayoutsSettings, console: Console) -> None:
         )
         console.print(
             f"{counted.valid:,} valid layouts for {model.num_layers} decoder + "
-            f"{model.mtp_num_layers} MTP layers on PP={settings.pp} VPP={settings.vpp}"
+            f"{model.mtp_num_layers} MTP layers on PP={pp} VPP={vpp}"
             f"{stages}; "
             f"{counted.standalone:,} of them MTP-standalone ({standalone_note})",
             highlight=False,

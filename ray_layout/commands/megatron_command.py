@@ -33,7 +33,9 @@ MAX_RANK = 1_000_000
 
 @dataclass(frozen=True, kw_only=True)
 class MegatronCommandSettings(ModelSettings):
-    layout: str | None = option(None, help="e.g. 'Et*5|t*6|t*5|mL' (default: Megatron's split)")
+    layout: str | None = option(
+        None, help="e.g. 'Et*5|t*6|t*5|mL' (default: the config's current split, else Megatron's)"
+    )
     rank: int = option(0, help="the global rank whose environment to show",
                        checks=[between(0, MAX_RANK)])  # fmt: skip
     megatron_path: str = option("/opt/megatron-lm", help="the Megatron-LM checkout on the nodes")
@@ -50,6 +52,8 @@ def run_megatron_command(settings: MegatronCommandSettings, console: Console) ->
     recipe = settings.recipe()
     parallel = recipe.parallel
     layout = Layout.parse(settings.layout, parallel.pp) if settings.layout else None
+    if layout is None and recipe.split.layout:  # the script's own layout string: its current
+        layout = Layout.parse(recipe.split.layout, parallel.pp)
     profile = ProfileSettings(train_iters=settings.train_iters, keep_data=settings.keep_data)
     merged = megatron_arguments(recipe, layout, profile)
     script = str(Path(settings.megatron_path) / "pretrain_gpt.py")
