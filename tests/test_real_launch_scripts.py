@@ -304,3 +304,31 @@ def test_unknown_flag_is_a_note_and_size_succeeds(tmp_path, capsys):
     assert main(["size", write(tmp_path, text)]) == 0
     err = capsys.readouterr().err
     assert "note:" in err and "--my-own-flag" in err and "error:" not in err
+
+
+SPLIT_WORDS = ("--pipeline-model-parallel-layout", "--pipeline-model-parallel-size",
+               "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+               "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+               "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+               "# ray_layout plan: ")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if CASES[n].path.endswith(".sh")])
+def test_the_written_script_differs_only_in_its_split_and_reads_back_as_the_pick(
+    name, capsys, tmp_path
+):
+    case = CASES[name]
+    out = tmp_path / Path(case.path).name
+    report = run_json(capsys, "plan", path_of(case), *case.flags, *case.plan, "--costs", "flops",
+                      "--write-script", str(out))  # fmt: skip
+    before = Path(path_of(case)).read_text().splitlines()
+    after = out.read_text().splitlines()
+    removed = [line for line in before if line not in after]
+    added = [line for line in after if line not in before]
+    assert added and all(any(word in line for word in SPLIT_WORDS) for line in added), added
+    assert all(any(word in line for word in SPLIT_WORDS) for line in removed), removed
+    assert len(after) - len(before) in (1, 2)  # the comment, and the layout's own line
+    flags = [*case.flags, *case.plan[: case.plan.index("--pp") + 2]]
+    back = run_json(capsys, "size", str(out), *flags)
+    assert back["layout_source"].startswith("current")
+    assert parse_stages(back["layout"]) == parse_stages(report["candidates"][0]["layout"])

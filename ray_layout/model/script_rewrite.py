@@ -60,7 +60,7 @@ def rewrite_split(
         start = _written(anchor, source)[0]
         value = _quoted(str(layout), _quote_at(text, start), launch.reparsed)
         pp = "" if pp_use is not None else f"{_PP_FLAG} {layout.pp} "
-        edits.append(_Edit(start, start, f"{pp}{_LAYOUT_FLAG} {value} "))
+        edits.append(_insertion(text, start, f"{pp}{_LAYOUT_FLAG} {value}"))
     else:
         raise ConfigError(f"{source}: no Megatron arguments to add the layout to")
     if pp_use is not None and pp_use.values and pp_use.values[0] != str(layout.pp):
@@ -145,6 +145,18 @@ def _removal(text: str, words: list[ExpandedWord], source: str) -> _Edit:
     while start > line_start and text[start - 1] in " \t":
         start -= 1
     return _Edit(start, end, "")
+
+
+def _insertion(text: str, start: int, words: str) -> _Edit:
+    """``words`` in front of the word at ``start``: on a line of their own where that word
+    begins its line (continued with a backslash where the line before is), so that ``diff``
+    shows one added line."""
+    line_start = text.rfind("\n", 0, start) + 1
+    indent = text[line_start:start]
+    if indent.strip(" \t"):
+        return _Edit(start, start, f"{words} ")
+    ending = " \\\n" if text[:line_start].rstrip("\n").endswith("\\") else "\n"
+    return _Edit(line_start, line_start, f"{indent}{words}{ending}")
 
 
 def _apply(text: str, edits: list[_Edit]) -> str:
