@@ -216,8 +216,8 @@ def run(flags: TuneFlags, console: Console, cancel: threading.Event) -> None:
         found = speedups(summary)
         role = next((r for r in found if found[r].value), None)
         layout = Layout.parse(summary.pick, recipe.parallel.pp)
-        value = found[role].value if role else None
-        comment = comment_line(f"tune, study {summary.study}", layout, value, str(role))
+        value, basis = (found[role].value, found[role].basis or "") if role else (None, "")
+        comment = comment_line(f"tune, study {summary.study}", layout, value, str(role), basis)
         write_tuned_script(flags, flags.write_script, layout, comment)
         console.print(f"wrote {flags.write_script}", highlight=False)
     if flags.as_json:

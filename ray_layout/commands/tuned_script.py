@@ -28,9 +28,12 @@ def write_script_flag() -> Any:
                   metavar="OUT", checks=[new_file()])  # fmt: skip
 
 
-def comment_line(origin: str, layout: Layout, speedup: float | None, over: str) -> str:
-    """The one line the written script gains: where its layout came from and what it buys."""
-    gain = f", predicted {speedup:.2f}x over {over}" if speedup else ""
+def comment_line(
+    origin: str, layout: Layout, speedup: float | None, over: str, basis: str = "predicted"
+) -> str:
+    """The one line the written script gains: where its layout came from and what it buys
+    (``basis``: measured in the A/B, or predicted)."""
+    gain = f", {basis} {speedup:.2f}x over {over}" if speedup else ""
     return f"ray_layout {origin}: --pipeline-model-parallel-layout {layout}{gain}"
 
 
