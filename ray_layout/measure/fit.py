@@ -15,16 +15,15 @@ from ray_layout.errors import MeasurementError
 from ray_layout.measure.declared import runs_parallel, suggest_layout
 from ray_layout.measure.design import PAIR, design_rows, timer_spread, unit_columns
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
+from ray_layout.measure.memory_fit import memory_calibration
 from ray_layout.measure.observations import RunObservation
 from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance
 from ray_layout.model.layout import Layout
 from ray_layout.model.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
-from search.cost_model import CostModel, build_cost_model, inter_node_links
-from search.evaluate import memory
+from search.cost_model import inter_node_links
 from search.planner import PlanOptions, Problem, SearchSpec, score_given
 from search.schedule import RECV_NEXT, SEND_NEXT, P2PCall, rank_ops
-from search.space import LayoutSpace
 
 RESIDUAL_WARNING = 0.05
 # A PP rank whose compute the fitted unit costs miss by more than this is no noise: the run is
@@ -116,7 +115,7 @@ def fit_costs(
         forward_ms=forward_ms,
         backward_ms=backward_ms,
         jitter_cv=_jitter(model, runs, columns, fwd + bwd),
-        memory_calibration=_memory_calibration(model, parallel, runs, base),
+        memory_calibration=memory_calibration(model, parallel, runs, base),
         source="fit",
         **provenance(model, parallel),
         **_step_tail(model, parallel, runs),
@@ -358,47 +357,6 @@ def _jitter(
     if PAIR in cvs:
         cvs[MTP] = cvs[LOSS] = cvs.pop(PAIR)
     return cvs
-
-
-def _memory_calibration(
-    model: ModelSpec, parallel: ParallelConfig, runs: Sequence[RunObservation], base: UnitCosts
-) -> dict[str, float]:
-    """Per-unit activation factors from the peak allocated memory each rank reported: measured
-    minus the exact static state is activations x in-flight micro-batches (+ the logits on the
-    last rank), solved by non-negative least squares; units no rank pins down keep 1."""
-    rows, values, units = [], [], None
-    for run in runs:
-        if run.max_allocated_mb is None or not np.isfinite(run.max_allocated_mb).any():
-            continue
-        layout = run.layout
-        sized = replace(parallel, pp=layout.pp, vpp=layout.vpp)
-        plain = replace(base, memory_calibration={})
-        cost_model = build_cost_model(model, sized, plain, run.num_microbatches)
-        units = cost_model.units
-        space, cuts = LayoutSpace.holding(layout)
-        counts = space.unit_counts(cuts[None], units, model.moe_layer_pattern)
-        static = memory(_static_only(cost_model), counts, layout.pp)[0]
-        chunks = counts[0].reshape(layout.vpp, layout.pp, len(units))
-        held = (chunks * cost_model.in_flight.T[:, :, None]).sum(axis=0)  # (PP, U)
-        columns = held * cost_model.activation_bytes
-        columns[-1, units.index(LOSS)] += cost_model.logits_bytes
-        seen = np.isfinite(run.max_allocated_mb)
-        rows.append(columns[seen])
-        values.append(run.max_allocated_mb[seen] * 2**20 - static[seen])
-    if not rows:
-        return dict(base.memory_calibration)
-    a, y = np.concatenate(rows), np.concatenate(values)
-    factors, _ = nnls(a, y)
-    pinned = np.abs(a).sum(axis=0) > 0
-    return {u: float(np.clip(f, 0.05, 20.0)) if pinned[i] else 1.0
-            for i, (u, f) in enumerate(zip(units, factors, strict=True))}  # fmt: skip
-
-
-def _static_only(cost_model: CostModel) -> CostModel:
-    """The cost model with activations, logits and overhead at zero: its memory is the static
-    state (weights, gradients, optimizer, a standalone MTP rank's embedding copy) alone."""
-    return replace(cost_model, activation_bytes=np.zeros_like(cost_model.activation_bytes),
-                   logits_bytes=0.0, overhead_bytes=0.0)  # fmt: skip
 
 
 def _gparams_per_rank(model: ModelSpec, parallel: ParallelConfig, layout: Layout) -> np.ndarray:
