@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -203,3 +203,10 @@ def render_html(blocks: Sequence[Block], title: str) -> str:
         + "\n".join(body)
         + "\n</body>\n</html>\n"
     )
+
+
+def figure_or_note(name: str, figures: Mapping[str, Figure], skipped: Mapping[str, str]) -> Block:
+    """The plot ``name``, or a line saying why it was skipped."""
+    if name in figures:
+        return figures[name]
+    return Para((f"Plot {name.replace('_', ' ')} skipped: {skipped.get(name, 'no data')}.",))
