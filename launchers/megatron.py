@@ -31,8 +31,9 @@ _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 _NO_EVALUATION = 1_000_000_000
 # torchrun's variables, which the launch sets for each rank whatever a script exports
 _PER_RANK = frozenset(
-    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"}
-)
+    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+     "CUDA_VISIBLE_DEVICES"}
+)  # fmt: skip
 # Set only where the caller's environment has no value of its own.
 _DEFAULT_ENVIRONMENT = {
     "PYTHONUNBUFFERED": "1",  # rank logs stream to the collector line by line
@@ -151,12 +152,14 @@ def rank_environment(
     parallel: ParallelConfig,
     base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The environment torchrun would give global rank ``rank``, on top of ``base`` (typically
-    the caller's ``os.environ``; None starts empty).
+    """The variables torchrun would give global rank ``rank`` besides its device view, on top of
+    ``base`` (typically a launch script's exports; None starts empty).
 
-    The process sees only ``gpu_ids`` (normally one GPU), so its ``LOCAL_RANK`` is 0.  Megatron
-    asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP > 1 or CP > 1 (before Blackwell), so the
-    launch sets it whatever ``base`` says.
+    ``gpu_ids`` are the rank's own GPUs, checked here; what the process sees (CUDA_VISIBLE_DEVICES,
+    LOCAL_RANK) is decided only by ``ray_layout.runtime.placement.device_env``, so ``base``'s
+    per-rank variables are dropped, not passed on.  Megatron asserts
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP > 1 or CP > 1 (before Blackwell), so the launch
+    sets it whatever ``base`` says.
     """
     if world_size != parallel.world_size:
         raise ConfigError(
@@ -169,14 +172,13 @@ def rank_environment(
         raise ConfigError(f"master port {master_port} is not a TCP port (1-65535)")
     if any(gpu < 0 for gpu in gpu_ids):
         raise ConfigError(f"GPU ids must be >= 0, got {list(gpu_ids)}")
-    environment = {**_DEFAULT_ENVIRONMENT, **(base or {})}
+    kept = {name: value for name, value in (base or {}).items() if name not in _PER_RANK}
+    environment = {**_DEFAULT_ENVIRONMENT, **kept}
     environment |= {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": "0",
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids)),
     }
     if parallel.tp > 1 or parallel.cp > 1:
         environment["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"

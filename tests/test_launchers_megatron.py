@@ -354,17 +354,15 @@ def test_rank_environment():
         "PATH": "/usr/bin",
         "RANK": "5",
         "WORLD_SIZE": "8",
-        "LOCAL_RANK": "0",
         "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "29500",
-        "CUDA_VISIBLE_DEVICES": "3",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "4",  # the caller's own setting stays
     }
     assert base["RANK"] == "7"  # not modified
     env = rank_environment(0, 2, "host", 6000, [0, 1], ParallelConfig(dp=2))
-    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert "CUDA_VISIBLE_DEVICES" not in env  # the device view is placement.device_env's alone
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env
     env = rank_environment(0, 2, "host", 6000, [0], ParallelConfig(cp=2))
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"

@@ -24,7 +24,8 @@ from ray_layout.model.loading import load_recipe
 from ray_layout.model.megatron_args import megatron_flag_table
 from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.spec import Recipe, with_parallel
-from ray_layout.runtime.profiling import Backend, rank_command
+from ray_layout.runtime.placement import launch_env, rank_order
+from ray_layout.runtime.profiling import Backend, rank_command, rank_env_of
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "tests" / "data" / "train_moe_16l.sh"
@@ -238,6 +239,19 @@ def test_megatron_command_prints_the_rank_command_line(capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith("PYTHONUNBUFFERED=1 ") and " --moe-grouped-gemm " in line
     assert re.search(r"--pipeline-model-parallel-layout 'Ett\|\(tt\|\)\*6t\*2mL'", line)
+
+
+def test_megatron_command_prints_the_environment_a_run_launches_with(capsys):
+    """The same rank of a run Ray placed on two nodes of 8 GPUs (in any order) is launched with
+    exactly the environment megatron-command prints: every GPU of its node, LOCAL_RANK its own."""
+    assert main(["megatron-command", str(SCRIPT), "--rank", "9", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["env"]
+    recipe = load_recipe(SCRIPT)
+    placed = [(node, gpu) for node in ("raylet-b", "raylet-a") for gpu in range(7, -1, -1)]
+    ordered = rank_order(placed, recipe.parallel)
+    rank_env = rank_env_of(recipe, 8)
+    assert printed == launch_env(rank_env, ordered, 9, "localhost", 29500)
+    assert printed["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7" and printed["LOCAL_RANK"] == "1"
 
 
 def test_megatron_command_errors_are_one_line(capsys):

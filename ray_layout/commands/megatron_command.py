@@ -15,17 +15,14 @@ from typing import Any
 
 from rich.console import Console
 
-from launchers.megatron import (
-    ProfileSettings,
-    environment_notes,
-    megatron_arguments,
-    rank_environment,
-)
+from launchers.megatron import ProfileSettings, environment_notes, megatron_arguments
 from ray_layout.commands.checks import between
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import option
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE
+from ray_layout.runtime.placement import launch_env, planned_devices
+from ray_layout.runtime.profiling import rank_env_of
 
 MAX_ITERATIONS = 1_000_000
 MAX_RANK = 1_000_000
@@ -57,10 +54,9 @@ def run_megatron_command(settings: MegatronCommandSettings, console: Console) ->
     profile = ProfileSettings(train_iters=settings.train_iters, keep_data=settings.keep_data)
     merged = megatron_arguments(recipe, layout, profile)
     script = str(Path(settings.megatron_path) / "pretrain_gpt.py")
-    gpu = settings.rank % settings.gpus_per_node
-    env = rank_environment(settings.rank, parallel.world_size, settings.master_addr,
-                           settings.master_port, [gpu], parallel,
-                           base=dict(recipe.environment))  # fmt: skip
+    devices = planned_devices(parallel.world_size, settings.gpus_per_node)
+    rank_env = rank_env_of(recipe, settings.gpus_per_node)  # what a profiling run launches with
+    env = launch_env(rank_env, devices, settings.rank, settings.master_addr, settings.master_port)
     for note in (*merged.notes, *environment_notes(recipe)):
         print(note, file=sys.stderr)
     report = {"argv": [settings.python, script, *merged.argv], "env": env}

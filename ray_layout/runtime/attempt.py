@@ -26,6 +26,7 @@ from ray_layout.errors import ConfigError
 from ray_layout.runtime.actor import RankProcess
 from ray_layout.runtime.failures import (
     CANCELLED_ERROR,
+    FailureClass,
     RankStatus,
     classify_exit,
     one_line,
@@ -35,7 +36,7 @@ from ray_layout.runtime.outputs import RankOutput
 from ray_layout.runtime.placement import (
     RankEnv,
     check_placement,
-    device_env,
+    launch_env,
     node_bundles,
     rank_order,
 )
@@ -61,7 +62,7 @@ class _Attempt:
 
     def result(
         self,
-        failure_class: str | None,
+        failure_class: FailureClass | None,
         error: str | None,
         statuses: Sequence[RankStatus] | None = None,
     ) -> RunResult:
@@ -91,7 +92,7 @@ def run_attempt(
     try:
         check_placement(spec.parallel, {f"node {i}": gpus for i, gpus in enumerate(bundles)})
     except ConfigError as exc:
-        return attempt.result("invalid-config", str(exc))
+        return attempt.result(FailureClass.INVALID_CONFIG, str(exc))
     pg = placement_group(
         [{"GPU": gpus, "CPU": gpus * spec.cpus_per_rank} for gpus in bundles],
         strategy="STRICT_SPREAD",
@@ -101,21 +102,23 @@ def run_attempt(
     try:
         if not _placed(pg, spec.placement_timeout_s, attempt.cancel):
             if attempt.cancel.is_set():
-                return attempt.result("cancelled", CANCELLED_ERROR)
+                return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
             shape = "+".join(map(str, bundles))
             wait = spec.placement_timeout_s
             error = f"{shape} GPUs on {len(bundles)} nodes not placed within {wait:g} s"
-            return attempt.result("infeasible-placement", error)
+            return attempt.result(FailureClass.INFEASIBLE_PLACEMENT, error)
         actors = _create_actors(spec, pg, bundles, attempt.run_id)
         return _launch_and_watch(attempt, actors, rank_env)
     except _Cancelled:
-        return attempt.result("cancelled", CANCELLED_ERROR)
+        return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
     except ConfigError as exc:  # also raised in an actor: the command cannot be launched
-        return attempt.result("invalid-config", one_line(str(exc)))
+        return attempt.result(FailureClass.INVALID_CONFIG, one_line(str(exc)))
     except RayActorError as exc:
-        return attempt.result("node-lost", one_line(f"a rank's actor died: {exc}"))
+        return attempt.result(FailureClass.NODE_LOST, one_line(f"a rank's actor died: {exc}"))
     except GetTimeoutError:
-        return attempt.result("node-lost", f"a rank's actor did not answer in {_RPC_TIMEOUT_S:g} s")
+        return attempt.result(
+            FailureClass.NODE_LOST, f"a rank's actor did not answer in {_RPC_TIMEOUT_S:g} s"
+        )
     finally:
         _release(actors, pg, spec.stop_grace_s)
 
@@ -189,7 +192,9 @@ def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) ->
     try:
         places = _get([slot.where.remote() for slot in slots], spec.timeout_s, attempt.cancel)
     except GetTimeoutError:
-        return attempt.result("timeout", f"rank actors did not start in {spec.timeout_s:g} s")
+        return attempt.result(
+            FailureClass.TIMEOUT, f"rank actors did not start in {spec.timeout_s:g} s"
+        )
     ranks = _launch(attempt, slots, places, rank_env)
     result = _watch(attempt, ranks, deadline)
     return replace(result, outputs=_outputs(ranks, spec.stop_grace_s))
@@ -225,12 +230,7 @@ def _launch(
     master_port = _get([ranks[0].free_port.remote()], _RPC_TIMEOUT_S, attempt.cancel)[0]
     launches = []
     for rank in range(world):
-        gpu_ids = places[slot_of[ordered[rank]]][1]
-        env = {
-            **spec.env,
-            **rank_env(rank, world, master_addr, master_port, gpu_ids),
-            **device_env(ordered, rank),
-        }
+        env = {**spec.env, **launch_env(rank_env, ordered, rank, master_addr, master_port)}
         launches.append(
             ranks[rank].start.remote(spec.command, env, f"{attempt.run_id}/rank-{rank}")
         )
@@ -253,9 +253,9 @@ def _watch(attempt: _Attempt, ranks: list[Any], deadline: float) -> RunResult:
             lines_seen += len(lines)
             reason = attempt.watch(attempt.run_id, lines)
             if reason is not None and not all(code == 0 for code in codes):
-                return attempt.result("early-stop", reason, statuses)
+                return attempt.result(FailureClass.EARLY_STOP, reason, statuses)
         if attempt.cancel.is_set():
-            return attempt.result("cancelled", CANCELLED_ERROR, statuses)
+            return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR, statuses)
         if all(code == 0 for code in codes):
             return attempt.result(None, None, statuses)
         if any(code not in (None, 0) for code in codes):
@@ -263,7 +263,9 @@ def _watch(attempt: _Attempt, ranks: list[Any], deadline: float) -> RunResult:
             if None not in codes or now - failed_at >= _SETTLE_S:
                 return attempt.result(*classify_exit(statuses), statuses)
         elif now >= deadline:
-            return attempt.result("timeout", f"still running after {spec.timeout_s:g} s", statuses)
+            return attempt.result(
+                FailureClass.TIMEOUT, f"still running after {spec.timeout_s:g} s", statuses
+            )
         elif min(status.idle_s for status in statuses) >= spec.heartbeat_s:
             error = f"no iteration line on any rank for {spec.heartbeat_s:g} s"
-            return attempt.result("hang", error, statuses)
+            return attempt.result(FailureClass.HANG, error, statuses)

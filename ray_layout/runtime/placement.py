@@ -84,8 +84,9 @@ def megatron_coordinates(rank: int, parallel: ParallelConfig) -> dict[str, int]:
 
 
 def device_env(ordered: Sequence[Device], rank: int) -> dict[str, str]:
-    """torchrun's device variables for one rank: every GPU of the run on its node visible (so
-    NCCL can use CUDA IPC between them), LOCAL_RANK its own position among them."""
+    """torchrun's device variables for one rank, and the only place that decides them: every GPU
+    of the run on its node visible (so NCCL can use CUDA IPC between them), LOCAL_RANK its own
+    position among them."""
     node, gpu = ordered[rank]
     local = sorted(g for n, g in ordered if n == node)
     return {
@@ -105,4 +106,26 @@ def megatron_rank_env(
         "WORLD_SIZE": str(world),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
+    }
+
+
+def planned_devices(world: int, gpus_per_node: int) -> list[Device]:
+    """The devices of a run, in rank order, when each node gives it GPUs 0, 1, ...: what
+    ``megatron-command`` shows before Ray picks the real ones."""
+    if gpus_per_node < 1:
+        raise ConfigError(f"GPUs per node must be >= 1, got {gpus_per_node}")
+    return [(f"node-{rank // gpus_per_node:06d}", rank % gpus_per_node) for rank in range(world)]
+
+
+def launch_env(
+    rank_env: RankEnv, ordered: Sequence[Device], rank: int, master_addr: str, master_port: int
+) -> dict[str, str]:
+    """Everything one rank is launched with: the launch's variables (``rank_env``), then its
+    device view (:func:`device_env`) over them, so a run and ``megatron-command`` agree."""
+    if not 0 <= rank < len(ordered):
+        raise ConfigError(f"rank {rank} is outside the world of {len(ordered)} ranks")
+    own = [ordered[rank][1]]
+    return {
+        **rank_env(rank, len(ordered), master_addr, master_port, own),
+        **device_env(ordered, rank),
     }
