@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from launchers.emulated.config import run_config  # noqa: E402
-from launchers.emulated.costs import RankCosts, rank_costs  # noqa: E402
 from launchers.emulated.environment import NODE_ENV  # noqa: E402
-from launchers.emulated.profile import load_profile  # noqa: E402
+from launchers.emulated.hardware import load_profile  # noqa: E402
+from launchers.emulated.rank_costs import RankCosts, rank_costs  # noqa: E402
 from launchers.megatron import ProfileSettings  # noqa: E402
 from ray_layout.measure.design import PAIR, profile_design  # noqa: E402
 from ray_layout.measure.fit import fit_costs, simulated_step_ms  # noqa: E402

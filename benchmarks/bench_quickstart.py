@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_tune import load_average, machine  # noqa: E402
-from launchers.emulated.profile import load_profile  # noqa: E402
+from launchers.emulated.hardware import load_profile  # noqa: E402
 from ray_layout.commands.flags import from_args  # noqa: E402
 from ray_layout.commands.tune import TuneFlags, build_parser, tune_on_cluster  # noqa: E402
 from ray_layout.driver.phases import search  # noqa: E402

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.emulated.profile import load_profile
+from launchers.emulated.hardware import load_profile
 from ray_layout.driver.phases import cluster_hbm_gib
 from ray_layout.errors import RunFailure
 from ray_layout.runtime.profiling import Backend

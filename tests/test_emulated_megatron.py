@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from launchers.emulated.config import run_config
-from launchers.emulated.costs import rank_costs
 from launchers.emulated.environment import PROFILE_ENV
-from launchers.emulated.logs import timer_block
-from launchers.emulated.profile import load_profile
-from launchers.emulated.schedule import held_at_peak, rank_program
+from launchers.emulated.hardware import load_profile
+from launchers.emulated.log_lines import timer_block
+from launchers.emulated.rank_costs import rank_costs
+from launchers.emulated.rank_order import held_at_peak, rank_program
 from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError
 from ray_layout.measure.logs import parse_log, steady_intervals
 from search.cost_model import in_flight_at_peak

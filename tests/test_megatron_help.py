@@ -18,8 +18,8 @@ from ray_layout.driver.settings import TuneSettings
 from ray_layout.errors import ConfigError
 from ray_layout.measure.store import CostStore
 from ray_layout.model.megatron_args import _FLAG_TABLE, megatron_flag_table
-from ray_layout.model.megatron_help import merge_with_bundled, parse_help
-from ray_layout.runtime.megatron_help import BUNDLED, cluster_flag_table
+from ray_layout.model.megatron_help_table import merge_with_bundled, parse_help
+from ray_layout.runtime.megatron_help_probe import BUNDLED, cluster_flag_table
 from ray_layout.runtime.profiling import MEGATRON, Backend
 
 NEW_FLAG, GONE_FLAG = "--brand-new-flag", "--moe-grouped-gemm"

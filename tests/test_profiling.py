@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launchers.emulated.profile import load_profile
+from launchers.emulated.hardware import load_profile
 from launchers.megatron import ProfileSettings
 from ray_layout.ab.live import memory_per_stage
 from ray_layout.errors import ConfigError

@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 from launchers.emulated.config import RunConfig, run_config
 from launchers.emulated.environment import NODE_ENV, PROFILE_ENV
+from launchers.emulated.hardware import HardwareProfile, load_profile
 from launchers.emulated.oom import fits, out_of_memory_message
-from launchers.emulated.profile import HardwareProfile, load_profile
 from launchers.emulated.rank import EmulatedRank
 from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, InputError
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from launchers.emulated.costs import RESERVED_SLACK, RankCosts
+from launchers.emulated.rank_costs import RESERVED_SLACK, RankCosts
 from ray_layout.model.sizing import GIB
 
 

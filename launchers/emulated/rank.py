@@ -27,16 +27,16 @@ import torch.distributed as dist
 
 from launchers.emulated.clock import Clock
 from launchers.emulated.config import RunConfig
-from launchers.emulated.costs import RankCosts, rank_costs
-from launchers.emulated.logs import (
+from launchers.emulated.hardware import HardwareProfile
+from launchers.emulated.log_lines import (
     COMPUTE_TIMERS,
     Timers,
     iteration_report,
     memory_report,
     timer_block,
 )
-from launchers.emulated.profile import HardwareProfile
-from launchers.emulated.schedule import pipeline_programs
+from launchers.emulated.rank_costs import RankCosts, rank_costs
+from launchers.emulated.rank_order import pipeline_programs
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
 from search.schedule import (
     BACKWARD,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 
-from launchers.emulated.profile import load_profile
+from launchers.emulated.hardware import load_profile
 from ray_layout.commands.checks import (
     MAX_ITERATIONS,
     between,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from launchers.emulated.profile import load_profile
+from launchers.emulated.hardware import load_profile
 from launchers.megatron import (
     ARGUMENTS_SOURCE,
     ProfileSettings,
@@ -40,7 +40,7 @@ from ray_layout.model.megatron_args import check_arguments
 from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import FINISHED, STOPPED
-from ray_layout.runtime.megatron_help import ClusterFlags, cluster_flag_table
+from ray_layout.runtime.megatron_help_probe import ClusterFlags, cluster_flag_table
 from ray_layout.runtime.profiling import (
     EMULATED,
     Backend,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from launchers.emulated.config import RunConfig
-from launchers.emulated.costs import RESERVED_SLACK
+from launchers.emulated.rank_costs import RESERVED_SLACK
 from ray_layout.measure.log_format import (
     TIMER_LOGGER_PREFIX,
     iteration_line,

@@ -1,5 +1,5 @@
 """The flag table of the Megatron the cluster runs: ``pretrain_gpt.py --help`` on one worker,
-parsed (``ray_layout.model.megatron_help``) and cached in the store once per study.
+parsed (``ray_layout.model.megatron_help_table``) and cached in the store once per study.
 
 The checkout is on the workers, not necessarily on the driver, so the help is read by a Ray task.
 Megatron's ``--help`` imports torch and megatron-core before printing, which takes tens of seconds
@@ -18,7 +18,7 @@ from typing import Any
 from ray_layout.errors import RunFailure
 from ray_layout.measure.store import CostStore
 from ray_layout.model.megatron_args import FlagTable, megatron_flag_table
-from ray_layout.model.megatron_help import merge_with_bundled, parse_help
+from ray_layout.model.megatron_help_table import merge_with_bundled, parse_help
 from ray_layout.runtime.profiling import Backend
 
 HELP_TIMEOUT_S = 300.0

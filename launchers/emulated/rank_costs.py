@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launchers.emulated.config import RunConfig
-from launchers.emulated.schedule import held_at_peak, pipeline_programs
+from launchers.emulated.rank_order import held_at_peak, pipeline_programs
 from ray_layout.model.costs import UnitCosts, stage_compute_ms
 from ray_layout.model.layout import MTP
 from ray_layout.model.sizing import WEIGHT_BYTES, stage_sizes
