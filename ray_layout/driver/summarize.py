@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from ray_layout.ab.cost import gpu_seconds
 from ray_layout.ab.live import ABOutcome, Arm
@@ -166,16 +167,7 @@ def summarize(
         store=str(settings.store),
         backend=settings.backend.name,
         hardware=settings.backend.hardware,
-        parallel={
-            "pp": parallel.pp,
-            "vpp": pick.vpp,
-            "tp": parallel.tp,
-            "ep": parallel.ep,
-            "dp": parallel.dp,
-            "micro_batch_size": parallel.micro_batch_size,
-            "global_batch_size": parallel.global_batch_size or None,
-            "num_microbatches": parallel.num_microbatches_or_none,
-        },
+        parallel=replace(parallel, vpp=pick.vpp).as_row(),
         hbm_gib=settings.hbm_gib,
         pick=str(pick),
         flags=paste_flags(pick),

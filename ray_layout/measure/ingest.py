@@ -12,7 +12,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from ray_layout.measure.observations import (
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_to_dict
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import PARALLEL_SIZES, ModelSpec, ParallelConfig
 
 
 @dataclass(frozen=True)
@@ -104,18 +104,32 @@ def run_rows(
         for m in parsed.memory
     ]  # fmt: skip
     now, microbatches = time.time(), run.num_microbatches
-    row = {
-        "run_id": run_id, "study": study, "model": model.name,
-        "model_hash": hashlib.sha256(repr(model).encode()).hexdigest()[:16],
-        "layout": str(run.layout), "pp": run.layout.pp, "vpp": run.layout.vpp,
-        "tp": parallel.tp, "cp": parallel.cp, "ep": parallel.ep, "etp": parallel.etp,
-        "dp": parallel.dp, "micro_batch_size": parallel.micro_batch_size,
-        "global_batch_size": microbatches * parallel.micro_batch_size * parallel.dp,
-        "num_microbatches": microbatches, "backend": "external", "status": "finished",
-        "source": source, "content_hash": content, "started_at": now,
-        "finished_at": now,
-    }  # fmt: skip
+    batch = microbatches * parallel.micro_batch_size * parallel.dp
+    shape = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp, global_batch_size=batch)
+    row = runs_row(
+        run_id, study, shape, status="finished", started_at=now, finished_at=now,
+        model=model.name, model_hash=hashlib.sha256(repr(model).encode()).hexdigest()[:16],
+        layout=str(run.layout), backend="external", source=source, content_hash=content,
+    )  # fmt: skip
     return row, {"timers": timers, "iterations": iterations, "memory": memory}
+
+
+def runs_row(
+    run_id: str,
+    study: str,
+    parallel: ParallelConfig,
+    *,
+    status: str,
+    started_at: float,
+    finished_at: float,
+    **columns: Any,
+) -> dict[str, Any]:
+    """A row of the store's ``runs`` table, the one shape an ingested log and a cluster attempt
+    both write: ``columns`` (labels, provenance) first, so none can override the run's own."""
+    return {
+        **columns, "run_id": run_id, "study": study, **parallel.as_row(), "status": status,
+        "started_at": started_at, "finished_at": finished_at,
+    }  # fmt: skip
 
 
 # What a run's row declares about it: the same log stored under other values is refused.
@@ -188,7 +202,7 @@ def observations_from_store(
     observations = []
     for run in runs.itertuples():
         sizes = ParallelConfig(
-            **{k: int(getattr(run, k)) for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")},
+            **{k: int(getattr(run, k)) for k in PARALLEL_SIZES},
             micro_batch_size=int(run.micro_batch_size),
             use_distributed_optimizer=parallel.use_distributed_optimizer,
         )

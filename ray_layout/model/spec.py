@@ -120,6 +120,16 @@ class ParallelConfig:
             return None
         return self.global_batch_size // (self.micro_batch_size * self.dp)
 
+    def as_row(self) -> dict[str, int | None]:
+        """The run shape as the ``runs`` table and the report hold it, in one place: every size,
+        the batch (None where not given) and the micro-batches it makes."""
+        return {
+            "pp": self.pp, "vpp": self.vpp, "tp": self.tp, "cp": self.cp, "ep": self.ep,
+            "etp": self.etp, "dp": self.dp, "micro_batch_size": self.micro_batch_size,
+            "global_batch_size": self.global_batch_size or None,
+            "num_microbatches": self.num_microbatches_or_none,
+        }  # fmt: skip
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -146,6 +156,8 @@ MODEL_KEYS = (
     | {f.name for f in fields(MLAConfig)}
 )
 PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
+# The integer sizes of a run's shape, as a ``runs`` row holds them (without the batch).
+PARALLEL_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")
 
 
 def parse_moe_layer_freq(value: int | str | list[int], num_layers: int) -> tuple[bool, ...]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from ray_layout.measure.ingest import runs_row as shared_runs_row
 from ray_layout.measure.store import CostStore
 from ray_layout.runtime.attempt import run_attempt
 from ray_layout.runtime.failures import RETRIED
@@ -109,13 +110,9 @@ def run_many(
 
 def runs_row(spec: RunSpec, attempted: Attempted) -> dict[str, Any]:
     """The ``runs`` row of one attempt."""
-    p, result = spec.parallel, attempted.result
-    return {
-        **spec.labels,
-        "run_id": result.run_id, "study": spec.study, "pp": p.pp, "vpp": p.vpp, "tp": p.tp,
-        "cp": p.cp, "ep": p.ep, "etp": p.etp, "dp": p.dp, "micro_batch_size": p.micro_batch_size,
-        "global_batch_size": p.global_batch_size or None,
-        "num_microbatches": p.num_microbatches_or_none, "status": result.status,
-        "failure_class": result.failure_class, "error": result.error,
-        "started_at": attempted.started_at, "finished_at": attempted.finished_at,
-    }  # fmt: skip
+    result = attempted.result
+    return shared_runs_row(
+        result.run_id, spec.study, spec.parallel, status=result.status,
+        started_at=attempted.started_at, finished_at=attempted.finished_at, **spec.labels,
+        failure_class=result.failure_class, error=result.error,
+    )  # fmt: skip
