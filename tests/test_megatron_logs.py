@@ -465,7 +465,8 @@ def test_training_and_steady_intervals() -> None:
     parsed = parse_log(as_text(lines))
     assert parsed.intervals == (0, 1, 2, 3, 4, 5)
     assert parsed.training_intervals == (2, 3, 5)
-    assert steady_intervals(parsed) == (3, 5)
+    assert steady_intervals(parsed) == (5,)  # WARMUP_INTERVALS: the two the fit drops too
+    assert steady_intervals(parsed, warmup=1) == (3, 5)
     assert steady_intervals(parsed, warmup=0) == (2, 3, 5)
     assert steady_intervals(parsed, warmup=2) == (5,)
     assert steady_intervals(parsed, warmup=5) == ()
@@ -485,7 +486,7 @@ def test_the_first_interval_is_kept_as_printed() -> None:
     ]
     parsed = parse_log(as_text(lines))
     assert [r.ms for r in parsed.timers] == [360.0, 1440.0, 1200.0]
-    assert steady_intervals(parsed) == (1, 2)
+    assert steady_intervals(parsed, warmup=1) == (1, 2)
 
 
 def test_everything_at_once() -> None:
@@ -526,7 +527,7 @@ def test_everything_at_once() -> None:
     assert [r.iteration for r in parsed.iterations] == [1, 10, 20]
     assert [(m.rank, m.iteration) for m in parsed.memory] == [(0, 1), (1, 1)]
     assert parsed.skipped_lines == 2  # the damaged memory line and the cut last line
-    assert steady_intervals(parsed) == (2,)
+    assert steady_intervals(parsed, warmup=1) == (2,)
 
 
 def test_non_megatron_text_is_a_one_line_error() -> None:
@@ -584,7 +585,7 @@ def test_fixture_log_of_a_four_stage_run() -> None:
     assert parsed.memory[-1] == MemoryRecord(2, 10, 12869.8, 24601.3, 26212.0, 26212.0)
     assert parsed.intervals == (0, 1, 2, 3)
     assert parsed.training_intervals == (1, 2, 3)
-    assert steady_intervals(parsed) == (2, 3)
+    assert steady_intervals(parsed, warmup=1) == (2, 3)
     assert parsed.unknown_timers == (
         "model-and-optimizer-setup",
         "train/valid/test-data-iterators-setup",

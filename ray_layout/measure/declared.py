@@ -18,15 +18,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ray_layout.errors import ConfigError, LayoutError, MeasurementError
+from ray_layout.measure.log_records import WARMUP_INTERVALS, ParsedLog
 from ray_layout.measure.log_world import LogWorld
-from ray_layout.measure.logs import ParsedLog
 from ray_layout.model.costs import stage_units
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.sizing import DECODER, EMBEDDING, LOSS, MTP
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 
-MIN_STEADY_INTERVALS = 3  # after the two the fit drops: enough for a mean and a spread
-WARMUP_INTERVALS = 2  # Megatron's first two logged intervals (see logs.steady_intervals)
+MIN_STEADY_INTERVALS = 3  # after the WARMUP_INTERVALS the fit drops: enough for a mean and a spread
 _COMPUTE = ("forward-compute", "backward-compute")
 
 

@@ -19,7 +19,8 @@ from typing import Any
 from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.measure.declared import CheckedRun, check_log
 from ray_layout.measure.fit import FitResult
-from ray_layout.measure.logs import MemoryRecord, TimerRecord, parse_log
+from ray_layout.measure.log_records import MemoryRecord, TimerRecord
+from ray_layout.measure.logs import parse_log
 from ray_layout.measure.observations import (
     RunObservation,
     observation_from_log,

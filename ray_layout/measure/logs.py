@@ -11,61 +11,39 @@ prefix; several ranks write at once, so other ranks' lines land inside a timer b
 bars overwrite lines with ``\\r``; a killed job leaves its last line cut.  Lines of other programs
 are ignored; lines that look like one of the three formats but do not parse are skipped and
 counted, so a caller can tell a clean log from a damaged one.  Values are kept exactly as printed,
-quirks included (see :func:`steady_intervals`).
+quirks included (see ``log_records.steady_intervals``).  What the lines become lives in
+``ray_layout.measure.log_records``; its names are importable from here too.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import gcd
 from pathlib import Path
-from types import MappingProxyType
 
 from ray_layout.errors import ConfigError, MeasurementError
-from ray_layout.measure.log_world import LogWorld, parse_world
-
-# ``training_log``'s timers_to_log: --timing-log-level 1, then what level 2 adds.
-LEVEL1_TIMERS = (
-    "forward-backward",
-    "layernorm-grads-all-reduce",
-    "embedding-grads-all-reduce",
-    "all-grads-sync",
-    "params-all-gather",
-    "optimizer-copy-to-main-grad",
-    "optimizer-unscale-and-check-inf",
-    "optimizer-clip-main-grad",
-    "optimizer-count-zeros",
-    "optimizer-inner-step",
-    "optimizer-copy-main-to-model-params",
-    "optimizer",
+from ray_layout.measure.log_records import (
+    LEVEL1_TIMERS,
+    LEVEL2_TIMERS,
+    NON_TRAINING_TIMERS,
+    SKIPPED_EXAMPLES,
+    TIMER_NAMES,
+    WARMUP_INTERVALS,
+    IterationRecord,
+    MemoryRecord,
+    ParsedLog,
+    TimerRecord,
+    steady_intervals,
 )
-LEVEL2_TIMERS = (
-    "batch-generator",
-    "forward-compute",
-    "backward-compute",
-    "forward-recv",
-    "forward-send",
-    "backward-recv",
-    "backward-send",
-    "forward-send-forward-recv",
-    "forward-send-backward-recv",
-    "backward-send-forward-recv",
-    "backward-send-backward-recv",
-    "forward-backward-send-forward-backward-recv",
-)
-TIMER_NAMES = LEVEL1_TIMERS + LEVEL2_TIMERS
-# Blocks of these alone are start-up, evaluation or checkpoint timing, never a training step's.
-NON_TRAINING_TIMERS = frozenset({
-    "model-and-optimizer-setup",
-    "train/valid/test-data-iterators-setup",
-    "load-checkpoint",
-    "save-checkpoint",
-    "evaluate",
-})  # fmt: skip
+from ray_layout.measure.log_world import parse_world
 
-SKIPPED_EXAMPLES = 5  # how many skipped lines ParsedLog keeps to show
+__all__ = [
+    "LEVEL1_TIMERS", "LEVEL2_TIMERS", "NON_TRAINING_TIMERS", "SKIPPED_EXAMPLES", "TIMER_NAMES",
+    "WARMUP_INTERVALS", "IterationRecord", "MemoryRecord", "ParsedLog", "TimerRecord",
+    "parse_iteration_line", "parse_log", "parse_log_file", "steady_intervals",
+]  # fmt: skip
+
 _EXCERPT_CHARS = 80
 
 _NUMBER = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf))"
@@ -115,140 +93,6 @@ _MEMORY = re.compile(
     r"\s+memory \(MB\)\s*(?P<rest>\|.*)?$"
 )
 _FIELD = re.compile(r"(?P<key>[^:=|]+?)\s*[:=]\s*(?P<value>\S+)")
-
-
-@dataclass(frozen=True)
-class TimerRecord:
-    """One value of one timer block.
-
-    ``interval`` numbers the blocks in log order from 0; ``iteration`` is the iteration line
-    printed before the block (None before the first).  ``stat`` is ``"rank"`` under
-    ``--timing-log-option all`` (one record per rank that reported a non-zero value), ``"max"``
-    under ``max``, ``"min"``/``"max"`` under ``minmax`` (``rank`` None: across all ranks) and
-    ``"last"`` in the one-line format of Megatron before core (the last rank's value, rank
-    unknown to the log).
-    ``ms`` is Megatron's printed value: accumulated milliseconds / ``--log-interval``.
-    """
-
-    interval: int
-    iteration: int | None
-    rank: int | None
-    timer: str
-    ms: float
-    stat: str
-
-
-@dataclass(frozen=True)
-class IterationRecord:
-    """``training_log``'s iteration line; fields Megatron prints only when set are None if absent.
-
-    ``losses`` holds every ``… loss …`` field in print order (``lm loss``, ``mtp_1 loss``,
-    ``load_balancing_loss``…), never ``loss scale``.  Fields this record has no place for
-    (``skipped samples``, ``num zeros``, ``params norm``, energy and power) are ignored, and so
-    are segments that are not ``key: value`` at all (counted in ``unknown_segments``).
-    """
-
-    iteration: int
-    train_iters: int
-    consumed_samples: int | None
-    elapsed_ms: float
-    throughput_tflops: float | None
-    learning_rate: float | None
-    global_batch_size: int | None
-    losses: Mapping[str, float] = field(hash=False)
-    loss_scale: float | None
-    grad_norm: float | None
-    skipped_iterations: int | None
-    nan_iterations: int | None
-    unknown_segments: int = 0  # segments that are not ``key: value`` (a fork's own fields)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "losses", MappingProxyType(dict(self.losses)))
-
-
-@dataclass(frozen=True)
-class MemoryRecord:
-    """``report_memory``'s ``[Rank N] (after K iterations) memory (MB)`` line, in MiB."""
-
-    rank: int
-    iteration: int
-    allocated_mb: float
-    max_allocated_mb: float
-    reserved_mb: float
-    max_reserved_mb: float
-
-
-@dataclass(frozen=True)
-class ParsedLog:
-    """Everything a log held, in log order, and how many lines looked Megatron's but did not parse.
-
-    ``skipped_examples`` shows the first few of those with their line numbers and why each was
-    dropped.  ``unknown_segments`` counts iteration-line segments that were not ``key: value``;
-    ``split_lines`` the physical lines that held records of several writers glued together.
-
-    ``log_interval_hint`` is ``--log-interval`` read off the iteration numbers: every iteration
-    logged after the first is a multiple of it, and two consecutive ones pin it down (their GCD);
-    None with fewer than two.
-    """
-
-    timers: tuple[TimerRecord, ...]
-    iterations: tuple[IterationRecord, ...]
-    memory: tuple[MemoryRecord, ...]
-    skipped_lines: int
-    skipped_examples: tuple[str, ...]  # the first SKIPPED_EXAMPLES, as "line N: '…' (why)"
-    log_interval_hint: int | None
-    unknown_segments: int = 0
-    split_lines: int = 0
-    world: LogWorld | None = None  # the sizes rank 0 states at start-up, when its log is here
-
-    @property
-    def intervals(self) -> tuple[int, ...]:
-        """The timer blocks that hold at least one record, in log order."""
-        return tuple(sorted({record.interval for record in self.timers}))
-
-    @property
-    def training_intervals(self) -> tuple[int, ...]:
-        """The blocks ``training_log`` printed: the first block after each iteration line that
-        holds a timer outside NON_TRAINING_TIMERS.
-
-        Start-up blocks (``model-and-optimizer-setup``, ``load-checkpoint``) come before any
-        iteration line; ``evaluate`` and ``save-checkpoint`` blocks follow the training block of
-        the same iteration, or stand alone when the run logged no training timers, and are never
-        taken for one.  Assumes one run per log: a restart appended to the same file keeps the
-        previous run's iteration until its own first iteration line.
-        """
-        iteration_of = {record.interval: record.iteration for record in self.timers}
-        names: dict[int, set[str]] = {}
-        for record in self.timers:
-            names.setdefault(record.interval, set()).add(record.timer)
-        chosen, previous = [], None
-        for interval in self.intervals:
-            if names[interval] <= NON_TRAINING_TIMERS:
-                continue
-            iteration = iteration_of[interval]
-            if iteration is not None and iteration != previous:
-                chosen.append(interval)
-            previous = iteration
-        return tuple(chosen)
-
-    @property
-    def unknown_timers(self) -> tuple[str, ...]:
-        """Timer names outside TIMER_NAMES, first seen first: kept, but worth a look."""
-        known = set(TIMER_NAMES)
-        return tuple(dict.fromkeys(r.timer for r in self.timers if r.timer not in known))
-
-
-def steady_intervals(parsed: ParsedLog, warmup: int = 1) -> tuple[int, ...]:
-    """The training intervals left after dropping the first ``warmup``.
-
-    Megatron logs the first iteration without resetting its timers, yet divides them by
-    ``--log-interval``: that block shows one iteration's time / log_interval, far too small.  The
-    next block then holds log_interval iterations including that first, slow one (allocator and
-    kernel warm-up), so ``warmup=2`` is stricter still.  The printed values are left as they are.
-    """
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, not {warmup}")
-    return parsed.training_intervals[warmup:]
 
 
 def parse_log_file(path: str | Path) -> ParsedLog:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ray_layout.errors import ConfigError, MeasurementError
-from ray_layout.measure.logs import MemoryRecord, ParsedLog, TimerRecord
+from ray_layout.measure.log_records import WARMUP_INTERVALS, MemoryRecord, ParsedLog, TimerRecord
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import ParallelConfig
 
@@ -37,7 +37,7 @@ def observation_from_log(
     layout: Layout,
     parallel: ParallelConfig,
     num_microbatches: int,
-    warmup_intervals: int = 2,
+    warmup_intervals: int = WARMUP_INTERVALS,
 ) -> RunObservation:
     """A run's timers per steady interval and PP rank, from a parsed log."""
     steps = [record.elapsed_ms for record in parsed.iterations]
@@ -52,16 +52,16 @@ def observation_from_records(
     layout: Layout,
     parallel: ParallelConfig,
     num_microbatches: int,
-    warmup_intervals: int = 2,
+    warmup_intervals: int = WARMUP_INTERVALS,
     steps_ms: Sequence[float] = (),
 ) -> RunObservation:
     """A run's timers per steady interval and PP rank, TP/CP/DP peers averaged, and its mean
     step time without the first ``STEP_WARMUP`` iterations (``steps_ms`` in iteration order).
 
     Megatron's global rank order is tp-cp-ep-dp-pp with PP outermost, so PP rank = rank //
-    (world / PP).  The first two logged intervals are dropped: Megatron does not reset the
-    timers at the first, so the second still carries the first iteration (see
-    ``logs.steady_intervals``).  Only blocks with ``forward-compute`` count: start-up
+    (world / PP).  The first WARMUP_INTERVALS logged intervals are dropped: Megatron does not
+    reset the timers at the first, so the second still carries the first iteration (see
+    ``log_records.steady_intervals``).  Only blocks with ``forward-compute`` count: start-up
     timer blocks carry none.
     """
     per_stage = parallel.world_size // layout.pp

@@ -1,0 +1,194 @@
+"""What a Megatron log holds: the timer names, the records a log's lines become, the parsed log
+and which of its timer blocks are steady training.
+
+``ray_layout.measure.logs`` reads a log into these; the fit, ingest and the emulator's tests read
+them.  Values are kept exactly as Megatron printed them, quirks included (see
+:func:`steady_intervals`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ray_layout.measure.log_world import LogWorld
+
+# ``training_log``'s timers_to_log: --timing-log-level 1, then what level 2 adds.
+LEVEL1_TIMERS = (
+    "forward-backward",
+    "layernorm-grads-all-reduce",
+    "embedding-grads-all-reduce",
+    "all-grads-sync",
+    "params-all-gather",
+    "optimizer-copy-to-main-grad",
+    "optimizer-unscale-and-check-inf",
+    "optimizer-clip-main-grad",
+    "optimizer-count-zeros",
+    "optimizer-inner-step",
+    "optimizer-copy-main-to-model-params",
+    "optimizer",
+)
+LEVEL2_TIMERS = (
+    "batch-generator",
+    "forward-compute",
+    "backward-compute",
+    "forward-recv",
+    "forward-send",
+    "backward-recv",
+    "backward-send",
+    "forward-send-forward-recv",
+    "forward-send-backward-recv",
+    "backward-send-forward-recv",
+    "backward-send-backward-recv",
+    "forward-backward-send-forward-backward-recv",
+)
+TIMER_NAMES = LEVEL1_TIMERS + LEVEL2_TIMERS
+# Blocks of these alone are start-up, evaluation or checkpoint timing, never a training step's.
+NON_TRAINING_TIMERS = frozenset({
+    "model-and-optimizer-setup",
+    "train/valid/test-data-iterators-setup",
+    "load-checkpoint",
+    "save-checkpoint",
+    "evaluate",
+})  # fmt: skip
+
+SKIPPED_EXAMPLES = 5  # how many skipped lines ParsedLog keeps to show
+# Training blocks dropped before any fit: the first shows one iteration / --log-interval, the
+# second still holds that first, slow iteration (see steady_intervals).
+WARMUP_INTERVALS = 2
+
+
+@dataclass(frozen=True)
+class TimerRecord:
+    """One value of one timer block.
+
+    ``interval`` numbers the blocks in log order from 0; ``iteration`` is the iteration line
+    printed before the block (None before the first).  ``stat`` is ``"rank"`` under
+    ``--timing-log-option all`` (one record per rank that reported a non-zero value), ``"max"``
+    under ``max``, ``"min"``/``"max"`` under ``minmax`` (``rank`` None: across all ranks) and
+    ``"last"`` in the one-line format of Megatron before core (the last rank's value, rank
+    unknown to the log).
+    ``ms`` is Megatron's printed value: accumulated milliseconds / ``--log-interval``.
+    """
+
+    interval: int
+    iteration: int | None
+    rank: int | None
+    timer: str
+    ms: float
+    stat: str
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """``training_log``'s iteration line; fields Megatron prints only when set are None if absent.
+
+    ``losses`` holds every ``… loss …`` field in print order (``lm loss``, ``mtp_1 loss``,
+    ``load_balancing_loss``…), never ``loss scale``.  Fields this record has no place for
+    (``skipped samples``, ``num zeros``, ``params norm``, energy and power) are ignored, and so
+    are segments that are not ``key: value`` at all (counted in ``unknown_segments``).
+    """
+
+    iteration: int
+    train_iters: int
+    consumed_samples: int | None
+    elapsed_ms: float
+    throughput_tflops: float | None
+    learning_rate: float | None
+    global_batch_size: int | None
+    losses: Mapping[str, float] = field(hash=False)
+    loss_scale: float | None
+    grad_norm: float | None
+    skipped_iterations: int | None
+    nan_iterations: int | None
+    unknown_segments: int = 0  # segments that are not ``key: value`` (a fork's own fields)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "losses", MappingProxyType(dict(self.losses)))
+
+
+@dataclass(frozen=True)
+class MemoryRecord:
+    """``report_memory``'s ``[Rank N] (after K iterations) memory (MB)`` line, in MiB."""
+
+    rank: int
+    iteration: int
+    allocated_mb: float
+    max_allocated_mb: float
+    reserved_mb: float
+    max_reserved_mb: float
+
+
+@dataclass(frozen=True)
+class ParsedLog:
+    """Everything a log held, in log order, and how many lines looked Megatron's but did not parse.
+
+    ``skipped_examples`` shows the first few of those with their line numbers and why each was
+    dropped.  ``unknown_segments`` counts iteration-line segments that were not ``key: value``;
+    ``split_lines`` the physical lines that held records of several writers glued together.
+
+    ``log_interval_hint`` is ``--log-interval`` read off the iteration numbers: every iteration
+    logged after the first is a multiple of it, and two consecutive ones pin it down (their GCD);
+    None with fewer than two.
+    """
+
+    timers: tuple[TimerRecord, ...]
+    iterations: tuple[IterationRecord, ...]
+    memory: tuple[MemoryRecord, ...]
+    skipped_lines: int
+    skipped_examples: tuple[str, ...]  # the first SKIPPED_EXAMPLES, as "line N: '…' (why)"
+    log_interval_hint: int | None
+    unknown_segments: int = 0
+    split_lines: int = 0
+    world: LogWorld | None = None  # the sizes rank 0 states at start-up, when its log is here
+
+    @property
+    def intervals(self) -> tuple[int, ...]:
+        """The timer blocks that hold at least one record, in log order."""
+        return tuple(sorted({record.interval for record in self.timers}))
+
+    @property
+    def training_intervals(self) -> tuple[int, ...]:
+        """The blocks ``training_log`` printed: the first block after each iteration line that
+        holds a timer outside NON_TRAINING_TIMERS.
+
+        Start-up blocks (``model-and-optimizer-setup``, ``load-checkpoint``) come before any
+        iteration line; ``evaluate`` and ``save-checkpoint`` blocks follow the training block of
+        the same iteration, or stand alone when the run logged no training timers, and are never
+        taken for one.  Assumes one run per log: a restart appended to the same file keeps the
+        previous run's iteration until its own first iteration line.
+        """
+        iteration_of = {record.interval: record.iteration for record in self.timers}
+        names: dict[int, set[str]] = {}
+        for record in self.timers:
+            names.setdefault(record.interval, set()).add(record.timer)
+        chosen, previous = [], None
+        for interval in self.intervals:
+            if names[interval] <= NON_TRAINING_TIMERS:
+                continue
+            iteration = iteration_of[interval]
+            if iteration is not None and iteration != previous:
+                chosen.append(interval)
+            previous = iteration
+        return tuple(chosen)
+
+    @property
+    def unknown_timers(self) -> tuple[str, ...]:
+        """Timer names outside TIMER_NAMES, first seen first: kept, but worth a look."""
+        known = set(TIMER_NAMES)
+        return tuple(dict.fromkeys(r.timer for r in self.timers if r.timer not in known))
+
+
+def steady_intervals(parsed: ParsedLog, warmup: int = WARMUP_INTERVALS) -> tuple[int, ...]:
+    """The training intervals left after dropping the first ``warmup`` (WARMUP_INTERVALS, what
+    the fit and the log checks drop, unless told otherwise).
+
+    Megatron logs the first iteration without resetting its timers, yet divides them by
+    ``--log-interval``: that block shows one iteration's time / log_interval, far too small.  The
+    next block then holds log_interval iterations including that first, slow one (allocator and
+    kernel warm-up), so both go.  The printed values are left as they are.
+    """
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, not {warmup}")
+    return parsed.training_intervals[warmup:]
