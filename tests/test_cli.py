@@ -372,3 +372,15 @@ def test_plan_table_stays_readable_at_pp_16(capsys):
     assert "168 (rank 5) OOM" in out and "8,374.7" in out and "rank 15" in out
     assert "1.04x" in out  # the last column kept: the layout folds instead
     assert "".join(line.strip("│ ") for line in out.splitlines()).count("t*4|") >= 14
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly():
+    """``python -m ray_layout layouts ... | head -1``: no BrokenPipeError traceback."""
+    command = [sys.executable, "-m", "ray_layout", "layouts", HANDBOOK, "--pp", "4", "--vpp", "2",
+               "--allow-standalone-mtp", "--limit", "5000"]  # fmt: skip
+    done = subprocess.run(
+        ["bash", "-c", 'set -o pipefail; "$@" | head -1; echo "status ${PIPESTATUS[0]}"', "x",
+         *command], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.stderr == ""
+    assert done.stdout.splitlines()[-1] == "status 141"

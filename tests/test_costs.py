@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -55,6 +56,15 @@ def test_save_then_load_round_trips(tmp_path):
         assert load_costs(path) == costs
         assert json.loads(path.read_text())["format"] == FORMAT
     assert [p.name for p in tmp_path.iterdir()] == ["costs.json"]  # no temporary file left
+
+
+def test_saved_costs_take_the_umask_as_open_would(tmp_path):
+    old = os.umask(0o022)
+    try:
+        save_costs(load_costs(EXAMPLE), tmp_path / "costs.json")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "costs.json").stat().st_mode & 0o777 == 0o644
 
 
 def test_save_replaces_the_file_and_leaves_it_whole_on_failure(tmp_path):

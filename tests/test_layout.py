@@ -136,6 +136,11 @@ def test_compact_format_examples(stages, text):
     assert parse_stages(text) == stages
 
 
+def test_a_look_alike_letter_is_named_by_its_code_point():
+    with pytest.raises(LayoutError, match=r"invalid symbol 'Е' \(U\+0415, not a Latin letter\)"):
+        parse_stages("EtЕ|L")
+
+
 def test_megatron_doc_example_parses():
     layout = Layout.parse("Et*3|(tt|)*29,m|L", 16)
     assert layout.vpp == 2

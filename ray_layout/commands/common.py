@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -133,8 +135,15 @@ def command_parser(
     return parser
 
 
+class _Terminal(Console):
+    """rich's console, leaving a closed pipe to :func:`execute` (rich itself exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def terminal() -> Console:
-    return Console(width=max(shutil.get_terminal_size().columns, 120))
+    return _Terminal(width=max(shutil.get_terminal_size().columns, 120))
 
 
 def execute(command: Command, args: argparse.Namespace) -> int:
@@ -145,7 +154,19 @@ def execute(command: Command, args: argparse.Namespace) -> int:
     except RayLayoutError as exc:
         print(one_line(f"error: {exc}"), file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `... | head`: the reader left; stop as Unix tools do, quietly
+        return closed_pipe()
     return 0
+
+
+def closed_pipe() -> int:
+    """What a command whose output's reader went away returns: the status a process killed by
+    SIGPIPE has, with stdout pointed at /dev/null so that the interpreter's last flush is
+    silent too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def emit(

@@ -190,6 +190,12 @@ def costs_to_dict(costs: UnitCosts) -> dict[str, Any]:
     return {"format": values.pop("format"), **values}
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def save_costs(costs: UnitCosts, path: str | Path) -> None:
     """Write ``costs`` as JSON; a reader sees the old file or the new one, never half of one."""
     path = Path(path)
@@ -198,6 +204,7 @@ def save_costs(costs: UnitCosts, path: str | Path) -> None:
         with os.fdopen(handle, "w") as out:
             json.dump(costs_to_dict(costs), out, indent=2)
             out.write("\n")
+        os.chmod(temporary, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)

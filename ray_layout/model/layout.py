@@ -55,9 +55,10 @@ def parse_stages(text: str) -> tuple[str, ...]:
     for index, stage in enumerate(stages):
         bad = sorted(set(stage) - SYMBOLS)
         if bad:
+            code = "" if bad[0].isascii() else f" (U+{ord(bad[0]):04X}, not a Latin letter)"
             raise LayoutError(
-                f"invalid symbol {bad[0]!r} in stage {index} ({stage!r}) of layout {text!r}; "
-                "known symbols: E, t, m, L, '|', '(X)*n', 'x*n', ','"
+                f"invalid symbol {bad[0]!r}{code} in stage {index} ({stage[:40]!r}) of layout "
+                f"{text[:80]!r}; known symbols: E, t, m, L, '|', '(X)*n', 'x*n', ','"
             )
     return stages
 
