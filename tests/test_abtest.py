@@ -14,8 +14,17 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from ray_layout.ab.cost import ArmCost, gpu_seconds
-from ray_layout.ab.decisions import decide_look, decision_rows, final_decisions, replay, winner
+from ray_layout.ab.decisions import (
+    WonOn,
+    choose_final,
+    decide_look,
+    decision_rows,
+    final_decisions,
+    replay,
+    winner,
+)
 from ray_layout.ab.stats import (
+    FAILURE_REASONS,
     ABConfig,
     ArmTrace,
     arm_stats,
@@ -26,8 +35,10 @@ from ray_layout.ab.stats import (
     tied_within_margin,
     worse_by_margin,
 )
+from ray_layout.ab.ties import TieBreakOn
 from ray_layout.errors import ConfigError
 from ray_layout.measure.store import TABLE_SCHEMAS
+from ray_layout.runtime.failures import FailureClass, run_status
 
 CONFIG = ABConfig(warmup_iterations=3, batch_size=5, looks=(2, 4, 8))  # short looks, hand-checkable
 BEST = "Et*5|t*6|t*5|mL"
@@ -196,6 +207,19 @@ def test_failed_arm_stops_at_the_look_whatever_its_length(failure, expected):
     assert decision.n_steady == 2
 
 
+def test_every_failure_class_but_the_runtimes_own_has_a_reason():
+    """Keyed by the enum, the reasons still answer the plain strings a store gives back."""
+    own = {FailureClass.EARLY_STOP, FailureClass.CANCELLED}  # stops and cancels, not failures
+    assert set(FAILURE_REASONS) == set(FailureClass) - own
+    for name in FAILURE_REASONS:
+        plain = ArmTrace("a", BEST, steady(2), failure=str(name.value))
+        assert failure_reason(plain) == FAILURE_REASONS[name] == failure_reason(
+            replace(plain, failure=name))  # fmt: skip
+    assert failure_reason(replace(plain, failure="failed")) == "failed"  # a status, unknown
+    assert run_status(FailureClass.OOM) == run_status("oom") == "infeasible"
+    assert run_status(FailureClass.EARLY_STOP) == "stopped" and run_status(None) == "finished"
+
+
 def test_nan_or_inf_steady_step_is_a_failure_but_not_in_warmup():
     steps = list(steady(12))
     assert failure_reason(ArmTrace("a", BEST, tuple(steps))) is None
@@ -292,6 +316,63 @@ def test_equal_headroom_goes_to_the_lower_mean_and_no_qualifier_means_no_decisio
     assert winner(final_decisions(traces, CONFIG)).arm == "b"
     assert final_decisions([ArmTrace("a", "x", steady(9))], CONFIG) == []
     assert winner([]) is None
+
+
+def final_of(traces):
+    return choose_final([(t, steady_steps(t, CONFIG)) for t in traces], CONFIG)
+
+
+def test_the_final_choice_is_typed_before_it_is_worded():
+    traces = [
+        ArmTrace("fast", BEST, steady(40, 100.0), headroom_gib=5.0),
+        ArmTrace("roomy", "Et*6|t*5|t*5|mL", steady(40, 101.0), headroom_gib=20.0),
+        ArmTrace("slow", "Et|t*16|mL", steady(40, 110.0, seed=4), headroom_gib=30.0),
+    ]
+    choice = final_of(traces)
+    assert (choice.winner.trace.arm, choice.won_on, choice.tied) == ("roomy", WonOn.HEADROOM, 2)
+    assert choice.fastest.trace.arm == "fast" and choice.runner_up.trace.arm == "fast"
+    lost = {loss.arm.trace.arm: (loss.lost_on, loss.reference.trace.arm) for loss in choice.losses}
+    assert lost == {"fast": (TieBreakOn.HEADROOM, "roomy"), "slow": (None, "fast")}
+    words = by_arm(final_decisions(traces, CONFIG))
+    assert words["roomy"].reason == (
+        "won on memory headroom among 2 tied within 2%: 20.0 GiB free, mean "
+        f"{choice.winner.stats.mean_ms:.1f} ms (1.0% slower than the fastest)")  # fmt: skip
+    assert words["fast"].reason == ("tied with Et*6|t*5|t*5|mL [roomy] within 2% (1.0% faster) "
+                                    "but less memory headroom (5.0 GiB vs 20.0 GiB)")  # fmt: skip
+    assert words["slow"].reason.endswith("than Et*5|t*6|t*5|mL [fast] at the budget, beyond "
+                                         "the 2% margin")  # fmt: skip
+    assert final_of([ArmTrace("a", "x", steady(9))]) is None
+
+
+@pytest.mark.parametrize(
+    ("critical", "headroom", "won_on", "words"),
+    [((None, None), (None, None), WonOn.TIME, "won on time: mean "),
+     ((1, 2), (5.0, 5.0), WonOn.CRITICAL, "won on fewer critical stages among 2 tied"),
+     ((2, 2), (20.0, 5.0), WonOn.HEADROOM, "won on memory headroom among 2 tied"),
+     ((2, 2), (8.0, 8.0), WonOn.TIME_AMONG_TIED, "won on time among 2 tied within 2% with "
+                                                 "equal or unknown memory headroom")],
+)  # fmt: skip
+def test_each_way_of_winning_has_its_words(critical, headroom, won_on, words):
+    gap = 110.0 if won_on is WonOn.TIME else 100.5
+    traces = [ArmTrace(name, name, steady(40, mean, seed=i), headroom_gib=room,
+                       critical_stages=stages)
+              for i, (name, mean, stages, room) in enumerate(
+                  zip(("a", "b"), (100.0, gap), critical, headroom, strict=True))]  # fmt: skip
+    choice = final_of(traces)
+    assert choice.won_on is won_on
+    assert winner(final_decisions(traces, CONFIG)).reason.startswith(words)
+
+
+def test_a_win_on_critical_stages_over_one_and_headroom_over_another_is_the_tie_break():
+    traces = [
+        ArmTrace("a", "a", steady(40, 100.0), headroom_gib=20.0, critical_stages=1),
+        ArmTrace("b", "b", steady(40, 100.3, seed=1), headroom_gib=5.0, critical_stages=2),
+        ArmTrace("c", "c", steady(40, 100.6, seed=2), headroom_gib=5.0, critical_stages=1),
+    ]
+    assert final_of(traces).won_on is WonOn.TIE_BREAK
+    assert winner(final_decisions(traces, CONFIG)).reason.startswith(
+        "won the tie-break (fewer critical stages, then memory headroom) among 3 tied"
+    )
 
 
 def test_final_uses_steps_up_to_the_budget_only():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ray_layout.ab.vocabulary import ArmRole
 from ray_layout.errors import LayoutError
-from ray_layout.model.baselines import count_based, megatron_default
+from ray_layout.model.baselines import BaselineName, count_based, megatron_default
 from ray_layout.model.layout import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -128,3 +129,11 @@ def test_count_based_puts_remainder_first():
     assert layout.stages == ("Ett", "tt", "tt", "mL")
     with pytest.raises(LayoutError, match="cannot fill"):
         count_based(0, 0, 3)
+
+
+def test_each_baseline_has_one_short_name_and_one_arm_role():
+    assert [name.short for name in BaselineName] == ["current", "default", "count-based"]
+    for name in BaselineName:
+        role = ArmRole.of(name)
+        assert role.baseline is name and role.value == name.value  # the store's one name
+    assert ArmRole.CANDIDATE.baseline is None

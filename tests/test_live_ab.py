@@ -17,8 +17,6 @@ import pytest
 from ray_layout.ab import live as live_ab
 from ray_layout.ab.cost import gpu_seconds
 from ray_layout.ab.live import (
-    COVERED,
-    SETTLED,
     Arm,
     LiveTest,
     memory_per_stage,
@@ -29,7 +27,7 @@ from ray_layout.ab.live import (
     test_id as ab_test_id,
 )
 from ray_layout.ab.stats import ABConfig
-from ray_layout.ab.vocabulary import ArmRole
+from ray_layout.ab.vocabulary import ArmRole, StopReason
 from ray_layout.measure.log_format import iteration_line, memory_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
@@ -47,6 +45,13 @@ LAYOUTS = {
 }
 MEMORY = (40.0, 50.0, 45.0, 30.0)  # predicted GiB per stage: headroom 30 GiB
 WHEN = datetime(2025, 1, 2, 3, 4, 5)
+SETTLED, COVERED = StopReason.SETTLED.text, StopReason.COVERED.text
+# A run's error as stores written before StopReason hold it: it must resume the same.
+OLD_SETTLED = (
+    "settled: every other arm is stopped or failed, so more steps cannot change the verdict"
+)
+OLD_COVERED = ("covered: every other arm is stopped, failed or ended, and each arm yet to run is "
+               "expected to be decided within the steps this arm ran")  # fmt: skip
 
 
 def make_arm(name, memory=MEMORY, role=ArmRole.CANDIDATE):
@@ -298,6 +303,30 @@ def test_preload_with_a_stop_records_it_and_with_settled_does_not():
     final = {d.arm: d for d in test.finish()}
     assert final["other"].action == "win" and "fast" not in final  # fast: too few steps
     assert final["slow"].action == "stop" and final["slow"].look == 1
+
+
+@pytest.mark.parametrize("stored", [SETTLED, COVERED, OLD_SETTLED, OLD_COVERED, "settled",
+                                    "covered: in other words", " settled:x"])  # fmt: skip
+def test_preload_reads_a_stop_reason_by_its_code_whatever_its_words(stored):
+    test = live("fast", "other")
+    test.preload("other", steps(8, 100.0, seed=2), None, stored)
+    assert test.decisions() == []  # ended, not lost
+    test.preload("fast", steps(14, 100.0, seed=3), None, None)
+    final = {d.arm: d.action for d in test.finish()}
+    assert set(final) == {"fast", "other"} and "stop" not in final.values()
+
+
+@pytest.mark.parametrize("stored", ["unsettled: x", "tied and settled", "covers: x", "hang: no"])
+def test_preload_of_any_other_reason_is_a_stop(stored):
+    test = live("fast", "other")
+    test.preload("other", steps(8, 100.0, seed=2), None, stored)
+    assert [(d.arm, d.action, d.reason) for d in test.decisions()] == [("other", "stop", stored)]
+
+
+def test_a_stop_reason_is_read_from_the_code_heading_a_stored_error():
+    assert StopReason.of(OLD_SETTLED) is StopReason.SETTLED
+    assert StopReason.of(OLD_COVERED) is StopReason.COVERED
+    assert StopReason.of(None) is None and StopReason.of("") is None
 
 
 def test_preload_of_a_failed_arm_stops_it_at_the_final_look():

@@ -18,8 +18,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from ray_layout.ab.vocabulary import StopReason
 from ray_layout.errors import ConfigError
 from ray_layout.measure.store import RUN_DATA_TABLES, SCHEMA_VERSION, TABLE_SCHEMAS, CostStore
+from ray_layout.runtime.failures import FailureClass
 
 SPAWN = multiprocessing.get_context("spawn")
 RUN = {"run_id": "r1", "content_hash": "h1", "status": "finished", "layout": "Et*2|tL", "pp": 2}
@@ -158,6 +160,28 @@ def test_write_run_stores_a_run_once(tmp_path):
         assert set(store.read_run_data(table)["run_id"]) == {"r1"}
     assert store.write_run(RUN, RUN_TABLES, "other") is True  # studies are separate
     assert len(store.read_run_data("timers", "s")) == len(RUN_TABLES["timers"])
+
+
+def test_failure_classes_and_stop_reasons_come_back_by_their_codes(tmp_path):
+    """Enum members are stored as their plain strings; a stop reason's code heads the error, so
+    a row an older version wrote (its words, no enum) reads back the same."""
+    store = CostStore(tmp_path)
+    old_settled = ("settled: every other arm is stopped or failed, so more steps cannot change "
+                   "the verdict")  # fmt: skip
+    store.write("runs", [
+        {"run_id": "new", "status": "stopped", "failure_class": FailureClass.EARLY_STOP,
+         "error": StopReason.COVERED.text},
+        {"run_id": "old", "status": "stopped", "failure_class": "early-stop", "error": old_settled},
+        {"run_id": "lost", "status": "stopped", "failure_class": "early-stop",
+         "error": "20.0% slower than the best"},
+        {"run_id": "oom", "status": "infeasible", "failure_class": FailureClass.OOM},
+    ], "s")  # fmt: skip
+    rows = store.read("runs", "s").set_index("run_id")
+    assert set(rows.failure_class) == {FailureClass.EARLY_STOP, FailureClass.OOM}
+    assert FailureClass(rows.failure_class["oom"]) is FailureClass.OOM
+    assert rows.error["new"] == StopReason.COVERED.text
+    stops = {run: StopReason.of(rows.error[run]) for run in ("new", "old", "lost")}
+    assert stops == {"new": StopReason.COVERED, "old": StopReason.SETTLED, "lost": None}
 
 
 def test_a_failed_ingest_leaves_nothing_and_can_be_retried_at_once(tmp_path):

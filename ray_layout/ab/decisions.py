@@ -1,9 +1,11 @@
 """The verdicts of an A/B test: at each look, at the budget, and replayed from recorded traces.
 
 Built on the tests of :mod:`ray_layout.ab.stats` (the module docstring there says why they are
-what they are).  Every decision carries its statistic, p-value and a readable reason;
-:func:`decision_rows` turns decisions into rows of the cost store's ``decisions`` table and
-:func:`replay` re-judges recorded traces offline, bit for bit.
+what they are), and on the tie-break of :mod:`ray_layout.ab.ties`.  Every decision carries its
+statistic, p-value and a readable reason; at the budget the verdict is chosen first
+(:func:`choose_final`, a :class:`FinalChoice`) and worded after.  :func:`decision_rows` turns
+decisions into rows of the cost store's ``decisions`` table and :func:`replay` re-judges
+recorded traces offline, bit for bit.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from ray_layout.ab.stats import (
     tied_within_margin,
     worse_by_margin,
 )
+from ray_layout.ab.ties import TieBreakOn, critical_text, decided_on, tie_break_key, tie_loss
 from ray_layout.ab.vocabulary import ABAction
 from ray_layout.errors import ConfigError
 
@@ -70,11 +74,6 @@ def _failure_decision(trace: ArmTrace, look: int, reason: str, config: ABConfig)
 
 def _margin(config: ABConfig) -> str:
     return f"{config.margin * 100:g}%"
-
-
-def _gib(trace: ArmTrace) -> str:
-    value = trace.headroom_gib
-    return "unknown" if value is None or math.isnan(value) else f"{value:.1f} GiB"
 
 
 def _percent(ratio: float) -> str:
@@ -185,39 +184,6 @@ def _judge(
     return decisions
 
 
-def _known(headroom: float | None) -> bool:
-    return headroom is not None and math.isfinite(headroom)
-
-
-def tie_break_key(trace: ArmTrace, mean_ms: float) -> tuple[float, float, float]:
-    """Lower wins among tied arms: fewer critical stages, then more memory headroom, then the
-    lower mean; unknown critical stages and unknown headroom count worst."""
-    critical = math.inf if trace.critical_stages is None else float(trace.critical_stages)
-    headroom = float(trace.headroom_gib) if _known(trace.headroom_gib) else -math.inf
-    return critical, -headroom, mean_ms
-
-
-def _decided_on(loser_key: tuple, winner_key: tuple) -> str:
-    """Which part of the tie-break decided: "critical", "headroom" or "time"."""
-    if loser_key[0] != winner_key[0]:
-        return "critical"
-    return "headroom" if loser_key[1] != winner_key[1] else "time"
-
-
-def _critical(trace: ArmTrace) -> str:
-    return "unknown" if trace.critical_stages is None else str(trace.critical_stages)
-
-
-def _tie_loss(loser: ArmTrace, loser_mean: float, winner: ArmTrace, winner_mean: float) -> str:
-    """What the loser of a tie-break lacks against the winner, in words."""
-    decided = _decided_on(tie_break_key(loser, loser_mean), tie_break_key(winner, winner_mean))
-    if decided == "critical":
-        return f"more critical stages ({_critical(loser)} vs {_critical(winner)})"
-    if decided == "headroom":
-        return f"less memory headroom ({_gib(loser)} vs {_gib(winner)})"
-    return "equal or unknown memory headroom and a higher mean"
-
-
 def _settled_tie(
     trace: ArmTrace, values: np.ndarray, best: ArmTrace, best_values: np.ndarray, look: int,
     steps: int, config: ABConfig,
@@ -232,7 +198,7 @@ def _settled_tie(
         loser, loser_mean, winner, winner_mean = best, best_mean, trace, mean
     else:
         loser, loser_mean, winner, winner_mean = trace, mean, best, best_mean
-    lacks = _tie_loss(loser, loser_mean, winner, winner_mean)
+    lacks = tie_loss(loser, loser_mean, winner, winner_mean)
     reason = (f"tied with {_name(winner)} within {_margin(config)} "
               f"({_percent(loser_mean / winner_mean)}, p={p_value:.2g} < "
               f"{config.alpha_per_look:.3g}) with {lacks}: "
@@ -241,88 +207,151 @@ def _settled_tie(
                     winner.arm, steps, loser_mean)  # fmt: skip
 
 
-def final_decisions(
-    traces: Sequence[ArmTrace], config: ABConfig, stopped: Collection[str] = ()
-) -> list[Decision]:
-    """The verdict at the budget (look index ``len(config.looks)``), in the order of ``traces``.
+class WonOn(StrEnum):
+    """What made the final winner: its mean alone, or the tie-break among arms tied with it."""
 
-    Qualified: not-stopped healthy arms with at least 2 whole batches, each using all its steady
-    steps up to the budget.  Arms within ``(1 + margin)`` of the fastest mean are tied, and the
-    tie-break picks among them (:func:`tie_break_key`: fewer critical stages, more memory
-    headroom, the lower mean); every other qualified arm loses.  A not-stopped arm with a failure
-    gets "stop".  Empty when no arm qualifies and none failed.
-    """
-    look = len(config.looks)
-    budget = config.look_iterations(look - 1)
-    decided, running = _failures_stop(traces, look, config, stopped)
-    qualified: list[tuple[ArmTrace, ArmStats, np.ndarray]] = []
+    TIME = "time"  # no other arm within the margin of the fastest
+    CRITICAL = "critical"  # every tied arm has more critical stages
+    HEADROOM = "headroom"  # every tied arm has as many critical stages, but less headroom
+    TIE_BREAK = "tie-break"  # some tied arms lost on critical stages, the others on headroom
+    TIME_AMONG_TIED = "time among tied"  # some tied arm differs from it in the mean alone
+
+
+@dataclass(frozen=True, eq=False)
+class FinalArm:
+    """A qualified arm at the budget: its steady steps up to the budget, whole batches only."""
+
+    trace: ArmTrace
+    stats: ArmStats
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class FinalLoss:
+    """Why a qualified arm lost at the budget, and the test against its reference."""
+
+    arm: FinalArm
+    reference: FinalArm  # the winner where tied with it, else the fastest arm
+    lost_on: TieBreakOn | None  # tied: the tie-break's deciding part; None: beyond the margin
+    statistic: float
+    p_value: float
+
+
+@dataclass(frozen=True)
+class FinalChoice:
+    """The verdict at the budget, before it is put in words."""
+
+    winner: FinalArm
+    won_on: WonOn
+    fastest: FinalArm
+    tied: int  # arms within the margin of the fastest, the winner included
+    runner_up: FinalArm | None  # the fastest of the others (named when it won on time alone)
+    losses: tuple[FinalLoss, ...]  # in the order the arms came
+
+
+def choose_final(running: Sequence[tuple[ArmTrace, np.ndarray]], config: ABConfig
+                 ) -> FinalChoice | None:  # fmt: skip
+    """The winner and every loser at the budget among healthy arms' steady steps: qualified are
+    arms with at least 2 whole batches up to the budget; those within ``(1 + margin)`` of the
+    fastest mean are tied and :func:`tie_break_key` picks among them; every other qualified arm
+    loses.  None when no arm qualifies."""
+    budget = config.look_iterations(len(config.looks) - 1)
+    qualified = []
     for trace, values in running:
         summary = arm_stats(values[:budget], config)
         if summary.batches >= 2:
-            qualified.append((trace, summary, values[: summary.n]))
+            qualified.append(FinalArm(trace, summary, values[: summary.n]))
     if not qualified:
-        return [decided[trace.arm] for trace in traces if trace.arm in decided]
+        return None
+    fastest = min(qualified, key=lambda item: item.stats.mean_ms)
+    limit = (1.0 + config.margin) * fastest.stats.mean_ms
+    tied = [item for item in qualified if item.stats.mean_ms <= limit]
 
-    fastest = min(qualified, key=lambda item: item[1].mean_ms)
-    limit = (1.0 + config.margin) * fastest[1].mean_ms
-    tied = [item for item in qualified if item[1].mean_ms <= limit]
-    win = min(tied, key=lambda item: tie_break_key(item[0], item[1].mean_ms))
-    win_trace, win_stats, win_values = win
-    others = [item for item in tied if item is not win]
-    win_key = tie_break_key(win_trace, win_stats.mean_ms)
-    decided_on = {_decided_on(tie_break_key(item[0], item[1].mean_ms), win_key)
-                  for item in others}  # fmt: skip
-    if not others:
-        runner_up = min((item for item in qualified if item is not win),
-                        key=lambda item: item[1].mean_ms, default=None)  # fmt: skip
-        reason = f"won on time: mean {win_stats.mean_ms:.1f} ms"
-        if runner_up is not None:
-            ratio = runner_up[1].mean_ms / win_stats.mean_ms
-            reason += f", next {_name(runner_up[0])} is {_percent(ratio)}"
-    elif decided_on == {"critical"}:
-        versus = _percent(win_stats.mean_ms / fastest[1].mean_ms)
-        reason = (f"won on fewer critical stages among {len(tied)} tied within "
-                  f"{_margin(config)}: {_critical(win_trace)}, mean {win_stats.mean_ms:.1f} ms "
-                  f"({versus} than the fastest)")  # fmt: skip
-    elif decided_on == {"headroom"}:
-        versus = _percent(win_stats.mean_ms / fastest[1].mean_ms)
-        reason = (f"won on memory headroom among {len(tied)} tied within {_margin(config)}: "
-                  f"{win_trace.headroom_gib:.1f} GiB free, mean {win_stats.mean_ms:.1f} ms "
-                  f"({versus} than the fastest)")  # fmt: skip
-    elif "time" not in decided_on:
-        reason = (f"won the tie-break (fewer critical stages, then memory headroom) among "
-                  f"{len(tied)} tied within {_margin(config)}: "
-                  f"mean {win_stats.mean_ms:.1f} ms")  # fmt: skip
-    else:
-        reason = (f"won on time among {len(tied)} tied within {_margin(config)} with equal or "
-                  f"unknown memory headroom: mean {win_stats.mean_ms:.1f} ms")  # fmt: skip
-    decided[win_trace.arm] = Decision(win_trace.arm, win_trace.layout, look, ABAction.WIN,
-                                      reason, math.nan, math.nan, None, win_stats.n,
-                                      win_stats.mean_ms)  # fmt: skip
+    def key(item: FinalArm) -> tuple[float, float, float]:
+        return tie_break_key(item.trace, item.stats.mean_ms)
 
+    win = min(tied, key=key)
+    losses = []
     for item in qualified:
-        trace, summary, values = item
         if item is win:
             continue
-        if any(item is other for other in others):
-            reference, ref_values = win_trace, win_values
-            ratio = summary.mean_ms / win_stats.mean_ms
-            tied_with = f"tied with {_name(win_trace)} within {_margin(config)}"
-            key = tie_break_key(trace, summary.mean_ms)
-            if _decided_on(key, win_key) == "time":
-                reason = f"{tied_with} and equal or unknown memory headroom, but {_percent(ratio)}"
-            else:
-                lacks = _tie_loss(trace, summary.mean_ms, win_trace, win_stats.mean_ms)
-                reason = f"{tied_with} ({_percent(ratio)}) but {lacks}"
-        else:
-            reference, ref_values = fastest[0], fastest[2]
-            ratio = summary.mean_ms / fastest[1].mean_ms
-            reason = (f"{_percent(ratio)} than {_name(reference)} at the budget, beyond the "
-                      f"{_margin(config)} margin")  # fmt: skip
-        statistic, p_value = worse_by_margin(values, ref_values, config)
-        decided[trace.arm] = Decision(trace.arm, trace.layout, look, ABAction.LOSE, reason,
-                                      statistic, p_value, reference.arm, summary.n,
-                                      summary.mean_ms)  # fmt: skip
+        lost_on = decided_on(key(item), key(win)) if item.stats.mean_ms <= limit else None
+        reference = fastest if lost_on is None else win
+        statistic, p_value = worse_by_margin(item.values, reference.values, config)
+        losses.append(FinalLoss(item, reference, lost_on, statistic, p_value))
+    runner_up = min((loss.arm for loss in losses), key=lambda item: item.stats.mean_ms,
+                    default=None)  # fmt: skip
+    won_on = _won_on({loss.lost_on for loss in losses if loss.lost_on is not None})
+    return FinalChoice(win, won_on, fastest, len(tied), runner_up, tuple(losses))
+
+
+def _won_on(parts: set[TieBreakOn]) -> WonOn:
+    """What made the winner, from what decided against each arm tied with it."""
+    if not parts:
+        return WonOn.TIME
+    if parts == {TieBreakOn.CRITICAL}:
+        return WonOn.CRITICAL
+    if parts == {TieBreakOn.HEADROOM}:
+        return WonOn.HEADROOM
+    return WonOn.TIME_AMONG_TIED if TieBreakOn.TIME in parts else WonOn.TIE_BREAK
+
+
+def _won(choice: FinalChoice, config: ABConfig) -> str:
+    """Why the winner won, in words."""
+    win, among = choice.winner, f"among {choice.tied} tied within {_margin(config)}"
+    mean = f"mean {win.stats.mean_ms:.1f} ms"
+    versus = f"({_percent(win.stats.mean_ms / choice.fastest.stats.mean_ms)} than the fastest)"
+    if choice.won_on is WonOn.TIME:
+        reason = f"won on time: {mean}"
+        if choice.runner_up is not None:
+            ratio = choice.runner_up.stats.mean_ms / win.stats.mean_ms
+            reason += f", next {_name(choice.runner_up.trace)} is {_percent(ratio)}"
+        return reason
+    if choice.won_on is WonOn.CRITICAL:
+        return f"won on fewer critical stages {among}: {critical_text(win.trace)}, {mean} {versus}"
+    if choice.won_on is WonOn.HEADROOM:
+        free = f"{win.trace.headroom_gib:.1f} GiB free"
+        return f"won on memory headroom {among}: {free}, {mean} {versus}"
+    if choice.won_on is WonOn.TIE_BREAK:
+        return f"won the tie-break (fewer critical stages, then memory headroom) {among}: {mean}"
+    return f"won on time {among} with equal or unknown memory headroom: {mean}"
+
+
+def _lost(loss: FinalLoss, config: ABConfig) -> str:
+    """Why a qualified arm lost, in words."""
+    arm, reference = loss.arm, loss.reference
+    ratio = _percent(arm.stats.mean_ms / reference.stats.mean_ms)
+    if loss.lost_on is None:
+        return (f"{ratio} than {_name(reference.trace)} at the budget, beyond the "
+                f"{_margin(config)} margin")  # fmt: skip
+    tied_with = f"tied with {_name(reference.trace)} within {_margin(config)}"
+    if loss.lost_on is TieBreakOn.TIME:
+        return f"{tied_with} and equal or unknown memory headroom, but {ratio}"
+    lacks = tie_loss(arm.trace, arm.stats.mean_ms, reference.trace, reference.stats.mean_ms)
+    return f"{tied_with} ({ratio}) but {lacks}"
+
+
+def final_decisions(
+    traces: Sequence[ArmTrace], config: ABConfig, stopped: Collection[str] = ()
+) -> list[Decision]:
+    """The verdict at the budget (look index ``len(config.looks)``), in the order of ``traces``:
+    :func:`choose_final` over the not-stopped healthy arms, each using all its steady steps up
+    to the budget, then put in words.  A not-stopped arm with a failure gets "stop".  Empty when
+    no arm qualifies and none failed."""
+    look = len(config.looks)
+    decided, running = _failures_stop(traces, look, config, stopped)
+    choice = choose_final(running, config)
+    if choice is not None:
+        win = choice.winner
+        decided[win.trace.arm] = Decision(win.trace.arm, win.trace.layout, look, ABAction.WIN,
+                                          _won(choice, config), math.nan, math.nan, None,
+                                          win.stats.n, win.stats.mean_ms)  # fmt: skip
+        for loss in choice.losses:
+            trace, stats = loss.arm.trace, loss.arm.stats
+            decided[trace.arm] = Decision(trace.arm, trace.layout, look, ABAction.LOSE,
+                                          _lost(loss, config), loss.statistic, loss.p_value,
+                                          loss.reference.trace.arm, stats.n,
+                                          stats.mean_ms)  # fmt: skip
     return [decided[trace.arm] for trace in traces if trace.arm in decided]
 
 

@@ -41,22 +41,15 @@ from ray_layout.ab.schedule import (
     look_iterations,
 )
 from ray_layout.ab.stats import ABConfig, ArmTrace, blowup_reason, failure_reason, steady_steps
-from ray_layout.ab.vocabulary import ABAction, ArmRole
+from ray_layout.ab.vocabulary import ABAction, ArmRole, StopReason
 from ray_layout.measure.logs import parse_iteration_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
-from ray_layout.runtime.failures import FINISHED, STOPPED
+from ray_layout.runtime.failures import FINISHED, STOPPED, FailureClass
 from ray_layout.runtime.profiling import LayoutRun, ProfiledRun
 from ray_layout.runtime.spec import Watch
 
 GIB_PER_MB = 1 / 1024
-# Why the last arm standing ends early; a resumed test reads them back as "not a loss".
-SETTLED = "settled: every other arm is stopped or failed, so more steps cannot change the verdict"
-COVERED = (
-    "covered: every other arm is stopped, failed or ended, and each arm yet to run is expected "
-    "to be decided within the steps this arm ran"
-)
-ENDED_NOT_LOST = frozenset({SETTLED, COVERED})
 
 
 @dataclass(frozen=True)
@@ -145,8 +138,9 @@ class LiveTest:
     def preload(
         self, arm: str, steps_ms: Sequence[float], failure: str | None, stopped: str | None
     ) -> None:
-        """An arm measured before (a resumed tune), judged with the rest; ``stopped`` is why the
-        earlier test stopped it, if it did."""
+        """An arm measured before (a resumed tune), judged with the rest; ``stopped`` is its
+        run's stored error where the earlier test ended it: a :class:`StopReason` (by its code,
+        whatever the wording) is no loss, any other reason stops it again."""
         with self._lock:
             state = self._state[arm]
             state.steps_ms, state.failure, state.attempt = list(steps_ms), failure, "stored"
@@ -155,7 +149,7 @@ class LiveTest:
             state.looks_done = sum(
                 steady >= self._look_iterations(arm, k) for k in range(len(self.config.looks))
             )
-            if stopped and stopped not in ENDED_NOT_LOST:
+            if stopped and StopReason.of(stopped) is None:
                 self._record(self._stop(self._trace(arm), stopped))
 
     def watch(self, arm: str) -> Watch:
@@ -172,7 +166,7 @@ class LiveTest:
                     state.steps_ms.append(record.elapsed_ms)
                     losses = list(record.losses.values())
                     if (record.nan_iterations or 0) > 0 or not all(map(math.isfinite, losses)):
-                        state.failure = "nan"
+                        state.failure = FailureClass.NAN
                 reason = self._judge(arm) if records else self._stopped.get(arm)
                 steps = len(state.steps_ms)
                 state.ended = (
@@ -262,10 +256,10 @@ class LiveTest:
 
     def _ending(self, arm: str, values: np.ndarray) -> str | None:
         """Why ``arm`` may end now, though not stopped: more of its steps cannot change the
-        verdict.  SETTLED: every other arm is stopped or failed.  COVERED (arms run one round
-        after another): every other arm is settled, ended with no more steady steps than this
-        one, or yet to run and expected to be decided within this one's steps (``values``:
-        its steady steps)."""
+        verdict (a :class:`StopReason`'s text).  SETTLED: every other arm is stopped or failed.
+        COVERED (arms run one round after another): every other arm is settled, ended with no
+        more steady steps than this one, or yet to run and expected to be decided within this
+        one's steps (``values``: its steady steps)."""
         steady = len(values)
         pending, alone = {}, True
         for other in self.arms:
@@ -278,13 +272,13 @@ class LiveTest:
             elif not state.ended or steady < len(steady_steps(self._trace(other), self.config)):
                 return None
         if alone:
-            return SETTLED
+            return StopReason.SETTLED.text
         if steady >= self.config.look_iterations(len(self.config.looks) - 1):
             return None  # at its budget: the run ends by itself
         cv = float(np.std(values, ddof=1) / np.mean(values)) if steady > 1 else math.inf
         covering = covering_iterations(self._predictions[arm].mean_ms, cv, pending, self.config,
                                        self.first_looks)  # fmt: skip
-        return COVERED if steady >= covering else None
+        return StopReason.COVERED.text if steady >= covering else None
 
     def _look_iterations(self, arm: str, look: int) -> int:
         return look_iterations(self.config, look, self.first_looks.get(arm))

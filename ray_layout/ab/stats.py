@@ -55,19 +55,20 @@ import numpy as np
 from scipy import special
 
 from ray_layout.errors import ConfigError
+from ray_layout.runtime.failures import FailureClass
 
-# Failure classes of ray_layout.runtime.failures (and "nan" from the live shell), as reasons.
-FAILURE_REASONS = {
-    "oom": "out of memory",
-    "nan": "NaN loss or step time",
-    "hang": "hang: no iteration within the heartbeat",
-    "timeout": "timeout: the run passed its time limit",
-    "crash": "crash: a rank exited with an error",
-    "comm": "communication failure: NCCL/gloo timeout or lost connection",
-    "node-lost": "node lost: a rank's actor died",
-    "killed": "killed by a signal (host OOM killer or preemption)",
-    "invalid-config": "invalid configuration",
-    "infeasible-placement": "the cluster could not place the run",
+# A failed arm's stop reason by its run's failure class (NAN: the live shell's own).
+FAILURE_REASONS: dict[FailureClass, str] = {
+    FailureClass.OOM: "out of memory",
+    FailureClass.NAN: "NaN loss or step time",
+    FailureClass.HANG: "hang: no iteration within the heartbeat",
+    FailureClass.TIMEOUT: "timeout: the run passed its time limit",
+    FailureClass.CRASH: "crash: a rank exited with an error",
+    FailureClass.COMM: "communication failure: NCCL/gloo timeout or lost connection",
+    FailureClass.NODE_LOST: "node lost: a rank's actor died",
+    FailureClass.KILLED: "killed by a signal (host OOM killer or preemption)",
+    FailureClass.INVALID_CONFIG: "invalid configuration",
+    FailureClass.INFEASIBLE_PLACEMENT: "the cluster could not place the run",
 }
 
 
@@ -135,7 +136,7 @@ class ArmTrace:
     arm: str  # unique label, e.g. "candidate-1", "current", "default", "count-based"
     layout: str  # the layout string
     steps_ms: tuple[float, ...]  # per-iteration step time, warm-up included (may hold nan/inf)
-    failure: str | None = None  # "oom", "nan", "hang", "timeout", "crash", ...; None: fine so far
+    failure: str | None = None  # a FailureClass, or a run's status; None: fine so far
     headroom_gib: float | None = None  # HBM limit minus the largest max-allocated over its ranks
     critical_stages: int | None = None  # predicted ranks near the bottleneck's load; None: unknown
 
@@ -261,6 +262,6 @@ def failure_reason(trace: ArmTrace, config: ABConfig | None = None) -> str | Non
     steps = steady_steps(trace, config or ABConfig())
     bad = np.flatnonzero(~np.isfinite(steps))
     if bad.size:
-        return (f"{FAILURE_REASONS['nan']}: steady iteration {bad[0] + 1} took "
+        return (f"{FAILURE_REASONS[FailureClass.NAN]}: steady iteration {bad[0] + 1} took "
                 f"{steps[bad[0]]} ms")  # fmt: skip
     return None

@@ -60,12 +60,15 @@ class Shown(NamedTuple):
     label: str
     column: str
 
+    @classmethod
+    def of(cls, name: BaselineName) -> Shown:
+        """From the baseline's short name: the table takes its first word ("count"), and the
+        headings two lines, so that three of them leave the layout its line."""
+        word = name.short.partition("-")[0]
+        return cls(f"speedup_vs_{name.short.replace('-', '_')}", word, f"vs\n{word}")
 
-SHOWN = {  # the headings take two lines, so that three of them leave the layout its line
-    BaselineName.CURRENT: Shown("speedup_vs_current", "current", "vs\ncurrent"),
-    BaselineName.DEFAULT: Shown("speedup_vs_default", "default", "vs\ndefault"),
-    BaselineName.COUNT_BASED: Shown("speedup_vs_count_based", "count", "vs\ncount"),
-}
+
+SHOWN = {name: Shown.of(name) for name in BaselineName}
 LAYOUT_COLUMN, LONGEST_LINE = 1, 40  # a longer layout folds rather than squeeze the figures
 
 
@@ -296,8 +299,9 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
         check_memory(report, settings.search.hbm_gb)
         if settings.write_script and report["candidates"]:
             best = report["candidates"][0]
-            over = "current" if best.get("speedup_vs_current") else "Megatron default"
-            speedup = best.get("speedup_vs_current") or best.get("speedup_vs_default")
+            current, default = SHOWN[BaselineName.CURRENT].key, SHOWN[BaselineName.DEFAULT].key
+            over = BaselineName.CURRENT if best.get(current) else BaselineName.DEFAULT
+            speedup = best.get(current) or best.get(default)
             layout = Layout.parse(best["layout"], recipe.parallel.pp)
             comment = comment_line("plan", layout, speedup, over)
             write_tuned_script(settings, settings.write_script, layout, comment)

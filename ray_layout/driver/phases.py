@@ -57,8 +57,6 @@ from search.space import LayoutSpace
 
 SHARD_ABOVE, MAX_SHARDS = 200_000, 8  # layouts a process searches alone; Ray tasks at most
 P90_SDS = 1.2816  # a normal's 90th percentile in standard deviations above its mean
-BASELINE_ARMS = {ArmRole.CURRENT: "current", ArmRole.DEFAULT: "default",
-                 ArmRole.COUNT_BASED: "count-based"}  # arm names  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -216,13 +214,13 @@ def choose_arms(found: Plan, top: int) -> list[Arm]:
     fitting = [c for c in found.candidates if c.fits][:top]
     arms = [_arm(f"candidate-{index}", c, ArmRole.CANDIDATE) for index, c in enumerate(fitting, 1)]
     for baseline in found.baselines:
-        c, role = baseline.candidate, ArmRole(baseline.name)
+        c, role = baseline.candidate, ArmRole.of(baseline.name)
         if c is None:
             continue
         layout = c.layout
         same = next((i for i, arm in enumerate(arms) if arm.layout == layout), None)
         if same is None:
-            arms.append(_arm(BASELINE_ARMS[role], c, role))
+            arms.append(_arm(baseline.name.short, c, role))
         else:
             arms[same] = replace(arms[same], roles=(*arms[same].roles, role))
     return arms

@@ -137,7 +137,7 @@ def timelines(recipe: Recipe, pick: Layout, searched: Searched,
     shown = {PICK: pick}
     for b in searched.found.baselines:
         if b.name in TIMELINE_BASELINES and b.candidate is not None:
-            shown[ArmRole(b.name).value] = b.candidate.layout
+            shown[ArmRole.of(b.name).value] = b.candidate.layout
     problem = Problem.of(recipe, costs, searched.spec, searched.options)
     return {name: simulate_given(layout, problem) for name, layout in shown.items()}
 

@@ -26,6 +26,19 @@ class BaselineName(StrEnum):
     DEFAULT = "Megatron default"
     COUNT_BASED = "count-based rule"
 
+    @property
+    def short(self) -> str:
+        """The one word for it where the full name does not fit: an A/B arm's name, a JSON key
+        (``speedup_vs_count_based``), a table column; the only long-to-short map."""
+        return _SHORT[self]
+
+
+_SHORT = {
+    BaselineName.CURRENT: "current",
+    BaselineName.DEFAULT: "default",
+    BaselineName.COUNT_BASED: "count-based",
+}
+
 
 def megatron_default(
     num_layers: int,

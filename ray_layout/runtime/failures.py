@@ -16,7 +16,8 @@ Failure classes (:data:`RETRIED` are retried up to the run's ``max_retries``):
 - ``early-stop``: the caller's watch (an A/B test) stopped the run; status stopped.
 - ``cancelled``: the driver was interrupted (Ctrl-C, SIGTERM); status cancelled.
 
-The store's ``runs`` table holds these strings, so they stay plain strings.
+They are :class:`FailureClass`, a string enum: the store's ``runs`` table holds the very strings,
+and a class read back from it compares equal to its member.
 """
 
 from __future__ import annotations
@@ -25,16 +26,37 @@ import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
+
+
+class FailureClass(StrEnum):
+    """Why a run failed (the module docstring says when each is given); the values are the
+    strings the store's ``failure_class`` column holds."""
+
+    OOM = "oom"
+    INVALID_CONFIG = "invalid-config"
+    INFEASIBLE_PLACEMENT = "infeasible-placement"
+    NODE_LOST = "node-lost"
+    KILLED = "killed"
+    COMM = "comm"
+    HANG = "hang"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    EARLY_STOP = "early-stop"
+    CANCELLED = "cancelled"
+    NAN = "nan"  # the A/B's own, never a run's: a NaN loss or step time stops the arm
+
 
 FINISHED, FAILED, INFEASIBLE, ERROR = "finished", "failed", "infeasible", "error"
 STOPPED, CANCELLED = "stopped", "cancelled"
-RETRIED = frozenset({"node-lost", "killed", "comm", "hang", "timeout"})
+RETRIED = frozenset({FailureClass.NODE_LOST, FailureClass.KILLED, FailureClass.COMM,
+                     FailureClass.HANG, FailureClass.TIMEOUT})  # fmt: skip
 _STATUS_OF = {
-    "oom": INFEASIBLE,
-    "infeasible-placement": INFEASIBLE,
-    "invalid-config": ERROR,
-    "early-stop": STOPPED,
-    "cancelled": CANCELLED,
+    FailureClass.OOM: INFEASIBLE,
+    FailureClass.INFEASIBLE_PLACEMENT: INFEASIBLE,
+    FailureClass.INVALID_CONFIG: ERROR,
+    FailureClass.EARLY_STOP: STOPPED,
+    FailureClass.CANCELLED: CANCELLED,
 }
 CANCELLED_ERROR = "cancelled: the driver was interrupted"
 MAX_LINE = 500  # characters kept of one line in errors and tails
@@ -42,10 +64,13 @@ MAX_LINE = 500  # characters kept of one line in errors and tails
 # Megatron's iteration line (as ray_layout.measure.logs reads it): a rank's heartbeat.
 ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+\s*\|")
 _MARKS = (
-    ("oom", re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")),
-    ("invalid-config", re.compile(r"^\S+: error: |\bConfigError\b")),
     (
-        "comm",
+        FailureClass.OOM,
+        re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"),
+    ),
+    (FailureClass.INVALID_CONFIG, re.compile(r"^\S+: error: |\bConfigError\b")),
+    (
+        FailureClass.COMM,
         re.compile(
             r"Watchdog caught collective operation timeout|Connection closed by peer"
             r"|Connection reset by peer|NCCL error|NCCL communicator was aborted"
@@ -56,12 +81,12 @@ _MARKS = (
 )
 
 
-def run_status(failure_class: str | None) -> str:
+def run_status(failure_class: FailureClass | None) -> str:
     """The status a run ends in: finished without a failure, else what its class implies."""
     return FINISHED if failure_class is None else _STATUS_OF.get(failure_class, FAILED)
 
 
-def failure_mark(line: str) -> str | None:
+def failure_mark(line: str) -> FailureClass | None:
     """The failure class one output line proves, if any."""
     return next((name for name, pattern in _MARKS if pattern.search(line)), None)
 
@@ -74,11 +99,11 @@ class RankStatus:
     returncode: int | None  # None while it runs
     exit_after_s: float | None  # seconds from launch to exit
     idle_s: float  # seconds since launch or its last iteration line
-    marks: Mapping[str, str]  # failure class -> first line that showed it
+    marks: Mapping[FailureClass, str]  # failure class -> first line that showed it
     tail: tuple[str, ...]  # its last lines
 
 
-def classify_exit(statuses: Sequence[RankStatus]) -> tuple[str, str]:
+def classify_exit(statuses: Sequence[RankStatus]) -> tuple[FailureClass, str]:
     """Failure class and one-line error of a run in which some rank exited non-zero.
 
     What a rank printed wins over how it exited: an OOM or a configuration error anywhere is the
@@ -86,23 +111,24 @@ def classify_exit(statuses: Sequence[RankStatus]) -> tuple[str, str]:
     error of its own (its peers' lost connections follow from it), then any communication error,
     else the first rank that failed crashed.
     """
-    for name in ("oom", "invalid-config"):
+    for name in (FailureClass.OOM, FailureClass.INVALID_CONFIG):
         for rank, status in enumerate(statuses):
             if name in status.marks:
                 return name, one_line(f"rank {rank}: {status.marks[name]}")
     failed = [(r, s) for r, s in enumerate(statuses) if s.returncode not in (None, 0)]
     for rank, status in failed:
         if status.returncode == 2:
-            return "invalid-config", one_line(f"rank {rank} exited 2: {_last(status)}")
+            return FailureClass.INVALID_CONFIG, one_line(f"rank {rank} exited 2: {_last(status)}")
+    comm = FailureClass.COMM
     for rank, status in failed:
-        if status.returncode < 0 and "comm" not in status.marks:
+        if status.returncode < 0 and comm not in status.marks:
             name = signal.Signals(-status.returncode).name
-            return "killed", one_line(f"rank {rank} killed by {name}: {_last(status)}")
+            return FailureClass.KILLED, one_line(f"rank {rank} killed by {name}: {_last(status)}")
     for rank, status in failed:
-        if "comm" in status.marks:
-            return "comm", one_line(f"rank {rank}: {status.marks['comm']}")
+        if comm in status.marks:
+            return comm, one_line(f"rank {rank}: {status.marks[comm]}")
     rank, status = min(failed, key=lambda item: (item[1].exit_after_s or 0.0, item[0]))
-    return "crash", one_line(f"rank {rank} exited {status.returncode}: {_last(status)}")
+    return FailureClass.CRASH, one_line(f"rank {rank} exited {status.returncode}: {_last(status)}")
 
 
 def one_line(text: str) -> str:
