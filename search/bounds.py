@@ -19,11 +19,16 @@ possible largest bound of the unplaced stages exactly.  Per rank r (warm-up w, R
 
 Interleaved schedules: unplaced work is spread by water-filling over the ranks still open
 (``InterleavedBound``).
+
+Each schedule's bound is one object behind one interface (``Bound``), chosen once per search by
+``bound_for``: the exact search asks it for its children's bounds and for what each child
+carries down (``Node.state``), never which schedule it searches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -32,6 +37,46 @@ from search.schedule import BACKWARD, Program, compute_order
 from search.space import LayoutSpace
 
 PRUNE_TOLERANCE_MS = 1e-5  # ms: a bound this close to a step may be its own path summed otherwise
+
+StateT = TypeVar("StateT")
+
+
+@dataclass(frozen=True)
+class Node(Generic[StateT]):
+    """A partial layout of the exact search: the stages before ``stage`` end at ``cuts``, stage
+    ``stage`` starts at item ``start``; its children are the ends that stage may take."""
+
+    stage: int
+    start: int
+    cuts: tuple[int, ...]
+    state: StateT  # what the schedule's bound carries down from the placed stages
+    travelled: np.ndarray | None = None  # per cut (``search.paths``): its length so far
+
+
+@dataclass(frozen=True)
+class Children:
+    """Bounds for the children of a node, one per end of its stage."""
+
+    lower: np.ndarray  # no layout below the child is faster: prune by it
+    explore: np.ndarray  # the order to explore them in, lowest first
+    carried: tuple[np.ndarray, ...] = ()  # per child, what the bound passes down (its own use)
+
+
+class Bound(Protocol[StateT]):
+    """Lower bounds on the step of every layout below a node's children, for one schedule."""
+
+    def root(self) -> StateT:
+        """The state of the root, where no stage is placed."""
+        ...
+
+    def children(self, node: Node[StateT], ends: np.ndarray, threshold: float) -> Children:
+        """Bounds of the children ending the node's stage at ``ends``; ``threshold``: the
+        step to beat (a child that cannot may be bounded above it)."""
+        ...
+
+    def child(self, node: Node[StateT], children: Children, index: int, end: int) -> StateT:
+        """The state of child ``index``, whose stage ends at ``end``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -79,17 +124,25 @@ def water_levels(
     return np.maximum(water, highest)
 
 
-def serial_p2p(program: Program, p2p_ms: np.ndarray) -> np.ndarray:
-    """(PP,) time each rank must spend inside its p2p calls between its first and last call
-    (each call lasts at least its fastest transfer), which adds to its compute."""
+def serial_p2p(program: Program, p2p_ms: np.ndarray, chunk: int = 0) -> np.ndarray:
+    """(PP,) time each rank must spend inside its p2p calls from its first forward of ``chunk``
+    to its last call (each call lasts at least its fastest transfer), which adds to its compute.
+    The calls before that forward overlap micro-batch 0's way to it, and the first and last
+    calls the fill and drain."""
     totals = np.zeros(program.pp)
     calls: list[list[int]] = [[] for _ in range(program.pp)]
-    for op_id, transfers in enumerate(program.transfers):
+    first_forward = [
+        next(op for op in range(len(program.rank))
+             if program.rank[op] == rank and program.compute_slot[op] == chunk * program.pp + rank)
+        for rank in range(program.pp)
+    ]  # fmt: skip
+    for op_id, transfers in enumerate(program.transfers):  # each rank's ops in its own order
         if transfers:
             rank = int(program.rank[op_id])
-            totals[rank] += min(p2p_ms[link] for _, link in transfers)
+            if not calls[rank] or op_id > first_forward[rank]:
+                totals[rank] += min(p2p_ms[link] for _, link in transfers)
             calls[rank].append(op_id)
-    for rank, ids in enumerate(calls):  # the first and last calls overlap the fill and drain
+    for rank, ids in enumerate(calls):
         for op_id in {ids[0], ids[-1]} if ids else ():
             totals[rank] -= min(p2p_ms[link] for _, link in program.transfers[op_id])
     return totals
@@ -209,6 +262,46 @@ def level_of(levels: np.ndarray, settled: np.ndarray) -> np.ndarray:
     return np.maximum(np.searchsorted(levels, settled, side="right") - 1, 0)
 
 
+@dataclass(frozen=True)
+class OneFOneBState:
+    worst: float  # the largest bound of a placed stage
+    settled: float  # max over placed ranks q of tail_q - (drain to q)
+
+
+class OneFOneBBound:
+    """1F1B: each child's own stage exactly, and the least largest bound of the stages after it
+    (``suffix_minmax``), so the bound of a node is the most any of its stages forces."""
+
+    def __init__(self, space: LayoutSpace, program: Program, model: CostModel, sums: ItemSums):
+        self.paths = one_f_one_b_paths(program, sums, model.p2p_ms)
+        self.root_settled = float(sums.tail[1])  # rank 0 holds the embedding's tail at least
+        self.levels = settled_levels(self.paths, self.root_settled)
+        mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
+        self.suffix = suffix_minmax(self.paths, self.levels, mtp_item, space.allow_standalone_mtp)
+
+    def root(self) -> OneFOneBState:
+        return OneFOneBState(0.0, self.root_settled)
+
+    def children(self, node: Node[OneFOneBState], ends: np.ndarray, threshold: float) -> Children:
+        stage, start, settled = node.stage, node.start, node.state.settled
+        worst = np.maximum(node.state.worst, self.paths.own(stage, start, ends, settled))
+        after = self.paths.settled_after(stage, start, ends, settled)
+        lower = np.maximum(worst, self.suffix[stage + 1, ends, level_of(self.levels, after)])
+        return Children(lower, lower, (worst, after))
+
+    def child(
+        self, node: Node[OneFOneBState], children: Children, index: int, end: int
+    ) -> OneFOneBState:
+        worst, after = children.carried
+        return OneFOneBState(float(worst[index]), float(after[index]))
+
+
+@dataclass(frozen=True)
+class InterleavedState:
+    loads: np.ndarray  # (PP,) each rank's load from the placed stages
+    tails: np.ndarray  # (PP,) and its step tail
+
+
 class InterleavedBound:
     """Lower bounds for the children of a node of an interleaved (VPP > 1) layout search.
 
@@ -227,16 +320,18 @@ class InterleavedBound:
         pp, stages, m = space.pp, space.num_stages, program.num_microbatches
         self.pp, self.stages, self.m, self.sums = pp, stages, m, sums
         self.last_chunk_start = (space.vpp - 1) * pp
-        hops = np.concatenate([[0.0], np.cumsum(model.p2p_ms[:-1])])
-        # the p2p hops micro-batch 0 crosses to reach flat stage (chunk, rank)
+        # the p2p hops micro-batch 0 crosses to reach flat stage (chunk, rank): those within the
+        # chunk are in ``crossed`` already (adding rank 0's hops to r again overstated it)
         crossed = np.concatenate([[0.0], np.cumsum(model.p2p_ms[np.arange(stages) % pp])])
-        self.reach_hops = [crossed[c * pp : (c + 1) * pp] + hops for c in range(space.vpp)]
+        self.reach_hops = [crossed[c * pp : (c + 1) * pp] for c in range(space.vpp)]
         unit_load = model.forward_ms + model.backward_ms
         rho = float(np.max(np.divide(model.forward_ms, unit_load, where=unit_load > 0,
                                      out=np.zeros_like(unit_load))))  # fmt: skip
-        self.chunk_terms = [(0, m), (space.vpp - 1, m - program.group_size * rho)]
+        self.chunk_terms = [  # (chunk, compute after its first forward, p2p after it)
+            (chunk, weight, serial_p2p(program, model.p2p_ms, chunk))
+            for chunk, weight in ((0, m), (space.vpp - 1, m - program.group_size * rho))
+        ]
         warmups = np.array(forwards_before_first_backward(program))
-        self.serial_p2p = serial_p2p(program, model.p2p_ms)
         self.first_rates = np.maximum(m - warmups * rho, 1e-9)
         self.open_after = [
             np.isin(np.arange(pp), [s % pp for s in range(k, stages)]) for k in range(stages + 1)
@@ -256,19 +351,25 @@ class InterleavedBound:
         middle = [[s % pp for s in range(k, stages - 1)] for k in range(stages + 1)]
         self.unplaced = np.array([np.bincount(ranks, minlength=pp) for ranks in middle])
 
-    def __call__(
-        self,
-        loads: np.ndarray,
-        tails: np.ndarray,
-        cuts: list[int],
-        start: int,
-        k: int,
-        ends: np.ndarray,
-        threshold: float,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """(bound to prune by, bound to explore by) of the children ending stage k at
-        ``ends``; a child whose remaining work cannot fit under ``threshold`` prunes."""
+    def root(self) -> InterleavedState:
+        return InterleavedState(np.zeros(self.pp), np.zeros(self.pp))
+
+    def child(
+        self, node: Node[InterleavedState], children: Children, index: int, end: int
+    ) -> InterleavedState:
+        loads, tails = node.state.loads.copy(), node.state.tails.copy()
+        loads[node.stage % self.pp] += self.sums.load[end] - self.sums.load[node.start]
+        tails[node.stage % self.pp] += self.sums.tail[end] - self.sums.tail[node.start]
+        return InterleavedState(loads, tails)
+
+    def children(
+        self, node: Node[InterleavedState], ends: np.ndarray, threshold: float
+    ) -> Children:
+        """A child whose remaining work cannot fit under ``threshold`` is bounded above it."""
         pp, stages, m, sums = self.pp, self.stages, self.m, self.sums
+        loads, tails, cuts, start, k = (
+            node.state.loads, node.state.tails, node.cuts, node.start, node.stage
+        )  # fmt: skip
         prefix, n_items = sums.load, sums.items
         child_loads = np.repeat(loads[None], len(ends), axis=0)
         child_loads[:, k % pp] += prefix[ends] - prefix[start]
@@ -294,9 +395,9 @@ class InterleavedBound:
         tail_work = sums.tail[n_items] - sums.tail[ends] - self.last_tail
         open_ranks = self.open_after[k + 1]
         explore = np.zeros(len(ends))
-        for chunk, weight in self.chunk_terms:
+        for chunk, weight, serial in self.chunk_terms:
             reach = sums.forward[starts[:, chunk * pp : (chunk + 1) * pp]] + self.reach_hops[chunk]
-            base = reach + self.serial_p2p + weight * child_loads
+            base = reach + serial + weight * child_loads
             through_drain = water_levels(base + drain, open_ranks, weight * work)
             through_tail = water_levels(base + child_tails, open_ranks, weight * work + tail_work)
             explore = np.maximum(explore, np.maximum(through_drain, through_tail))
@@ -315,4 +416,13 @@ class InterleavedBound:
         )
         # past the cap every layout is slower than the threshold, not merely as slow
         beyond = threshold + 2 * PRUNE_TOLERANCE_MS
-        return np.where(over_cap, np.maximum(bound, beyond), bound), explore
+        return Children(np.where(over_cap, np.maximum(bound, beyond), bound), explore)
+
+
+def bound_for(
+    space: LayoutSpace, program: Program, model: CostModel, sums: ItemSums
+) -> OneFOneBBound | InterleavedBound:
+    """The schedule's bound, chosen once per search (as Megatron picks its schedule)."""
+    if space.vpp == 1:
+        return OneFOneBBound(space, program, model, sums)
+    return InterleavedBound(space, program, model, sums)

@@ -11,6 +11,10 @@ It starts from balanced layouts walked downhill one boundary move at a time, so 
 from a good incumbent.  Out of time, it stops and the bound still holds: the report says how far
 from optimal the pick can be.  ``shard`` / ``num_shards`` split the tree by its first two
 boundaries, so shards together search exactly what one process does.
+
+Two objects share the work: ``_Best`` keeps what has been found (the best classes, the bound
+pruned on, the counters) from the seeds on, and ``_Tree`` walks the nodes (``search.bounds.Node``)
+with the schedule's bound and the cuts, which exist only once the seeds are simulated.
 """
 
 from __future__ import annotations
@@ -22,18 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ray_layout.model.sizing import GIB
-from search.bounds import (
-    PRUNE_TOLERANCE_MS,
-    InterleavedBound,
-    item_sums,
-    level_of,
-    one_f_one_b_paths,
-    settled_levels,
-    suffix_minmax,
-)
+from search.bounds import PRUNE_TOLERANCE_MS, Bound, ItemSums, Node, bound_for, item_sums
 from search.evaluate import CostModel, score, stage_times, tail_ms
 from search.incumbent import downhill, seed_cuts
-from search.paths import CutBounds, PathCut, critical_paths
+from search.paths import CutBounds, PathCut, allowed_ends, critical_paths
 from search.progress import ProgressClock
 from search.relaxation import Relaxation, relax
 from search.schedule import Program
@@ -75,7 +71,7 @@ def _critical_paths(
             for row in range(len(layouts))]  # fmt: skip
 
 
-def _bound_reason(search: _Search, relaxation: Relaxation | None) -> str:
+def _bound_reason(search: _Best, relaxation: Relaxation | None) -> str:
     """Which bound leaves the gap, and why it is not closed."""
     proven = max(search.pruned, relaxation.bound_ms if relaxation is not None else -np.inf)
     if proven >= min(search.classes, default=np.inf):  # the pick is proven optimal
@@ -97,10 +93,22 @@ def shard_of(cuts: tuple[int, ...], num_shards: int) -> int:
     return sum(cuts[:2]) % num_shards
 
 
-class _Search:
-    """The state of one search: the best classes so far, the pruned bound, the budget."""
+class _Best:
+    """What one search has found: the best classes so far, the bound it pruned on, its budget's
+    counters."""
 
-    def __init__(self, space, program, model, top, hbm_gib, shard, num_shards, progress):
+    def __init__(
+        self,
+        space: LayoutSpace,
+        program: Program,
+        *,
+        model: CostModel,
+        top: int,
+        hbm_gib: float | None,
+        shard: int,
+        num_shards: int,
+        progress: Callable[[str], None] | None,
+    ):
         self.space, self.program, self.model = space, program, model
         self.top, self.hbm_gib = top, hbm_gib
         self.shard, self.num_shards = shard, num_shards
@@ -122,6 +130,14 @@ class _Search:
         for value in [v for v in self.classes if v > self.limit]:
             self.pruned = min(self.pruned, value)
             del self.classes[value]
+
+    def viable(self, lower: np.ndarray) -> np.ndarray:
+        """Which bounds can still reach the top; the smallest of the others joins the pruned
+        bound."""
+        viable = lower <= self.limit + PRUNE_TOLERANCE_MS
+        if not viable.all():
+            self.pruned = min(self.pruned, float(lower[~viable].min()))
+        return viable
 
     def simulate(self, cuts: np.ndarray, owned: bool = True) -> np.ndarray:
         """Score layouts and keep what can enter the top; returns their predictions."""
@@ -168,8 +184,9 @@ class _Search:
                 steps.update(zip(rows, found.tolist(), strict=True))
         return steps
 
-    def add_leaves(self, cuts: list[int], ends: np.ndarray) -> None:
-        seen = self.seed_ends.get(tuple(cuts))
+    def add_leaves(self, cuts: tuple[int, ...], ends: np.ndarray) -> None:
+        """Queue the leaves ending the last stage but one at ``ends`` (seeds are simulated)."""
+        seen = self.seed_ends.get(cuts)
         if seen:
             ends = ends[~np.isin(ends, list(seen))]
         rows = np.empty((len(ends), len(cuts) + 1), dtype=np.int64)
@@ -192,10 +209,129 @@ class _Search:
         found = f"best {best:,.1f} ms so far" if best is not None else "none fits yet"
         return f"exact search, {self.nodes:,} nodes, {self.simulated:,} layouts simulated, {found}"
 
+    def result(self, relaxation: Relaxation | None) -> ExactResult:
+        ranked = tuple(self.classes[v] for v in sorted(self.classes))
+        proven = float(self.pruned)
+        if relaxation is not None:  # it bounds every layout, whatever the tree left
+            proven = max(proven, relaxation.bound_ms)
+        return ExactResult(
+            classes=ranked,
+            proven_bound_ms=proven,
+            simulated=self.simulated,
+            nodes=self.nodes,
+            rejected_memory=self.rejected,
+            complete=not self.out_of_time,
+            relaxation=relaxation,
+            bound_reason=_bound_reason(self, relaxation),
+            smallest_peak_gib=self.smallest_peak_gib,
+        )
+
+
+class _Tree:
+    """The branch and bound proper: each node's children bounded by the schedule's bound and the
+    cuts, pruned against the best found so far, leaves simulated in batches."""
+
+    def __init__(
+        self,
+        best: _Best,
+        bound: Bound,
+        *,
+        cuts: CutBounds | None,
+        items: int,
+        batch: int,
+        node_limit: int,
+        deadline: float,
+    ):
+        space = best.space
+        self.best, self.bound, self.cuts = best, bound, cuts
+        self.batch, self.node_limit, self.deadline = batch, node_limit, deadline
+        self.stages = space.num_stages
+        mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
+        self.allowed = [  # per stage, the items it may end at (sorted)
+            np.flatnonzero(allowed_ends(self.stages, items, stage, mtp_item,
+                                        space.allow_standalone_mtp, (space.vpp - 1) * space.pp))
+            for stage in range(self.stages)
+        ]  # fmt: skip
+        # the first two boundaries split the tree between shards
+        self.sharded_stage = min(1, self.stages - 2) if best.num_shards > 1 else -1
+
+    def root(self) -> Node:
+        return Node(0, 0, (), self.bound.root(), self.cuts.start if self.cuts is not None else None)
+
+    def ends(self, node: Node) -> np.ndarray:
+        """Where the node's stage may end (those of this shard where the tree splits)."""
+        allowed = self.allowed[node.stage]
+        ends = allowed[allowed > node.start]
+        if node.stage == self.sharded_stage:
+            best = self.best
+            ends = ends[(sum(node.cuts) + ends) % best.num_shards == best.shard]
+        return ends
+
+    def descend(self, node: Node) -> None:
+        """Search every layout below ``node`` that can still reach the top."""
+        best = self.best
+        best.nodes += 1
+        if best.nodes % 256 == 0:
+            best.out_of_time |= time.monotonic() > self.deadline or best.nodes >= self.node_limit
+            best.tick()
+        ends = self.ends(node)
+        if not len(ends):
+            return
+        children = self.bound.children(node, ends, best.limit)
+        lower, through = children.lower, None
+        if self.cuts is not None:
+            along, through = self.cuts.children(node.travelled, node.stage, node.start, ends)
+            lower = np.maximum(lower, along)
+        viable = best.viable(lower)
+        if node.stage == self.stages - 2:  # the children are leaves: simulate them in a batch
+            if viable.any():
+                best.add_leaves(node.cuts, ends[viable])
+                if best.pending_rows >= self.batch:
+                    best.flush()
+            return
+        order = np.flatnonzero(viable)[np.argsort(children.explore[viable], kind="stable")]
+        for position, index in enumerate(order.tolist()):
+            if best.out_of_time:  # what is left is unproven
+                best.pruned = min(best.pruned, float(lower[order[position:]].min()))
+                break
+            if lower[index] > best.limit + PRUNE_TOLERANCE_MS:  # the threshold fell meanwhile
+                best.pruned = min(best.pruned, float(lower[index]))
+                continue
+            end = int(ends[index])
+            state = self.bound.child(node, children, index, end)
+            travelled = through[:, index] if through is not None else None
+            self.descend(Node(node.stage + 1, end, (*node.cuts, end), state, travelled))
+
+
+def _cut_bounds(
+    best: _Best,
+    sums: ItemSums,
+    steps: dict[tuple[int, ...], float],
+    *,
+    relaxation: Relaxation | None,
+    relaxation_s: float,
+) -> tuple[CutBounds, Relaxation | None]:
+    """Cuts from the critical paths of the best incumbents, and for interleaved spaces the LP
+    relaxation's mixed path (solved here unless a previous search passes it on)."""
+    space, program, model = best.space, best.program, best.model
+    found = _critical_paths(space, program, model, sorted(steps, key=steps.__getitem__)[:CUTS])
+    cuts = [rank_paths[int(np.argmax(ends))] for ends, rank_paths in found]
+    if space.vpp > 1 and relaxation is None:
+        seeds = [cut for _, rank_paths in found for cut in rank_paths]
+        relaxation = relax(space, program, model.p2p_ms, sums, seeds, relaxation_s,
+                           clock=best.clock)  # fmt: skip
+    if relaxation is not None and relaxation.mixed is not None:
+        cuts.append(relaxation.mixed)
+    mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
+    last_chunk_start = (space.vpp - 1) * space.pp
+    bounds = CutBounds(cuts, sums, mtp_item, space.allow_standalone_mtp, last_chunk_start)
+    return bounds, relaxation
+
 
 def exact_search(
     space: LayoutSpace,
     program: Program,
+    *,
     model: CostModel,
     top: int = 10,
     hbm_gib: float | None = None,
@@ -214,123 +350,23 @@ def exact_search(
     """
     if space.allow_empty_stages:
         raise ValueError("exact search covers spaces of non-empty stages")
-    pp, stages = space.pp, space.num_stages
-    sums = item_sums(model, space)
-    n_items = sums.items
-    mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
-    last_chunk_start = (space.vpp - 1) * pp
-    search = _Search(space, program, model, top, hbm_gib, shard, num_shards, progress)
-    deadline = time.monotonic() + time_limit_s
-
-    paths = interleaved = None
-    if space.vpp == 1:
-        paths = one_f_one_b_paths(program, sums, model.p2p_ms)
-    else:
-        interleaved = InterleavedBound(space, program, model, sums)
-
-    root_settled = float(sums.tail[1])  # rank 0 holds the embedding's tail at least
-    if paths is not None:
-        levels = settled_levels(paths, root_settled)
-        suffix = suffix_minmax(paths, levels, mtp_item, space.allow_standalone_mtp)
-
-    def children(k: int, start: int) -> np.ndarray:
-        highest = n_items - (stages - 1 - k)  # leave one item for each later stage
-        if mtp_item is not None and not space.allow_standalone_mtp:
-            highest = min(highest, mtp_item)  # MTP must stay in the last stage, with L
-        ends = np.arange(start + 1, highest + 1)
-        if mtp_item is not None and k < last_chunk_start:
-            ends = ends[ends <= mtp_item]  # MTP only in the last virtual chunk
-        return ends
-
-    def descend(k, start, loads, tails, cuts, worst, settled, travelled) -> None:
-        search.nodes += 1
-        if search.nodes % 256 == 0:
-            search.out_of_time |= time.monotonic() > deadline or search.nodes >= node_limit
-            search.tick()
-        ends = children(k, start)
-        if k == min(1, stages - 2) and num_shards > 1:
-            ends = ends[(sum(cuts) + ends) % num_shards == shard]
-        if not len(ends):
-            return
-        if paths is not None:  # 1F1B: the own stage exactly, the min-max of the rest below
-            own = paths.own(k, start, ends, settled)
-            after = paths.settled_after(k, start, ends, settled)
-            rest = suffix[k + 1, ends, level_of(levels, after)]
-            lower = explore = np.maximum(np.maximum(worst, own), rest)
-        else:
-            lower, explore = interleaved(loads, tails, cuts, start, k, ends, search.limit)
-        if cut_bounds is not None:
-            along, through = cut_bounds.children(travelled, k, start, ends)
-            lower = np.maximum(lower, along)
-        if k == stages - 2:  # the children are leaves: simulate them in a batch
-            keep = lower <= search.limit + PRUNE_TOLERANCE_MS
-            if (~keep).any():
-                search.pruned = min(search.pruned, float(lower[~keep].min()))
-            if keep.any():
-                search.add_leaves(cuts, ends[keep])
-                if search.pending_rows >= batch:
-                    search.flush()
-            return
-        viable = lower <= search.limit + PRUNE_TOLERANCE_MS
-        if not viable.all():
-            search.pruned = min(search.pruned, float(lower[~viable].min()))
-        order = np.flatnonzero(viable)[np.argsort(explore[viable], kind="stable")]
-        for position, index in enumerate(order.tolist()):
-            if search.out_of_time:  # what is left is unproven
-                search.pruned = min(search.pruned, float(lower[order[position:]].min()))
-                break
-            if lower[index] > search.limit + PRUNE_TOLERANCE_MS:  # the threshold fell meanwhile
-                search.pruned = min(search.pruned, float(lower[index]))
-                continue
-            end = int(ends[index])
-            child, child_tail = loads, tails  # only the interleaved bound reads them
-            if interleaved is not None:
-                child, child_tail = loads.copy(), tails.copy()
-                child[k % pp] += sums.load[end] - sums.load[start]
-                child_tail[k % pp] += sums.tail[end] - sums.tail[start]
-            onward = through[:, index] if cut_bounds is not None else None
-            if paths is None:
-                descend(k + 1, end, child, child_tail, [*cuts, end], 0.0, 0.0, onward)
-                continue
-            descend(k + 1, end, child, child_tail, [*cuts, end], max(worst, float(own[index])),
-                    float(after[index]), onward)  # fmt: skip
-
-    if stages < 2:
+    if space.num_stages < 2:
         raise ValueError("exact search needs at least two stages")
-    steps = search.incumbents(seed_cuts(space, sums.load))
+    sums = item_sums(model, space)
+    best = _Best(space, program, model=model, top=top, hbm_gib=hbm_gib, shard=shard,
+                 num_shards=num_shards, progress=progress)  # fmt: skip
+    deadline = time.monotonic() + time_limit_s
+    bound = bound_for(space, program, model, sums)
+    steps = best.incumbents(seed_cuts(space, sums.load))
     if steps:
-        steps |= search.incumbents(
-            downhill(space, program, model, min(steps, key=steps.__getitem__))
-        )
-    cut_bounds = None
+        steps |= best.incumbents(downhill(space, program, model, min(steps, key=steps.__getitem__)))
+    cuts = None
     if steps:
-        best = sorted(steps, key=steps.__getitem__)[:CUTS]
-        found = _critical_paths(space, program, model, best)
-        cuts = [rank_paths[int(np.argmax(ends))] for ends, rank_paths in found]
-        if interleaved is not None and relaxation is None:
-            seconds = min(RELAXATION_SHARE * time_limit_s, RELAXATION_LIMIT_S)
-            seeds = [cut for _, rank_paths in found for cut in rank_paths]
-            relaxation = relax(space, program, model.p2p_ms, sums, seeds, seconds,
-                               clock=search.clock)  # fmt: skip
-        if relaxation is not None and relaxation.mixed is not None:
-            cuts.append(relaxation.mixed)
-        cut_bounds = CutBounds(cuts, sums, mtp_item, space.allow_standalone_mtp,
-                               last_chunk_start)  # fmt: skip
-    start = cut_bounds.start if cut_bounds is not None else None
-    descend(0, 0, np.zeros(pp), np.zeros(pp), [], 0.0, root_settled, start)
-    search.flush()
-    ranked = tuple(search.classes[v] for v in sorted(search.classes))
-    proven = float(search.pruned)
-    if relaxation is not None:  # it bounds every layout, whatever the tree left
-        proven = max(proven, relaxation.bound_ms)
-    return ExactResult(
-        classes=ranked,
-        proven_bound_ms=proven,
-        simulated=search.simulated,
-        nodes=search.nodes,
-        rejected_memory=search.rejected,
-        complete=not search.out_of_time,
-        relaxation=relaxation,
-        bound_reason=_bound_reason(search, relaxation),
-        smallest_peak_gib=search.smallest_peak_gib,
-    )
+        relaxation_s = min(RELAXATION_SHARE * time_limit_s, RELAXATION_LIMIT_S)
+        cuts, relaxation = _cut_bounds(best, sums, steps, relaxation=relaxation,
+                                       relaxation_s=relaxation_s)  # fmt: skip
+    tree = _Tree(best, bound, cuts=cuts, items=sums.items, batch=batch, node_limit=node_limit,
+                 deadline=deadline)  # fmt: skip
+    tree.descend(tree.root())
+    best.flush()
+    return best.result(relaxation)

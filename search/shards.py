@@ -97,7 +97,8 @@ def exact_shard(task: ShardTask, progress: Callable[[str], None] | None = None) 
     started = time.monotonic()
 
     def search(top: int, time_limit_s: float, relaxation=None) -> ExactResult:
-        return exact_search(task.space, task.program, task.model, top, task.options.hbm_gib,
+        return exact_search(task.space, task.program, model=task.model, top=top,
+                            hbm_gib=task.options.hbm_gib,
                             node_limit=task.node_limit, time_limit_s=time_limit_s,
                             shard=task.shard, num_shards=task.num_shards, progress=progress,
                             relaxation=relaxation)  # fmt: skip
