@@ -67,7 +67,7 @@ from launchers.megatron import ProfileSettings  # noqa: E402
 from ray_layout.ab.cost import ArmCost, gpu_seconds, replayed_iterations  # noqa: E402
 from ray_layout.ab.decisions import replay, winner  # noqa: E402
 from ray_layout.ab.live import stored_steps  # noqa: E402
-from ray_layout.ab.schedule import Prediction, first_looks  # noqa: E402
+from ray_layout.ab.looks import Prediction, first_looks  # noqa: E402
 from ray_layout.ab.stats import ABConfig, ArmTrace  # noqa: E402
 from ray_layout.driver.settings import TuneSettings, study_id  # noqa: E402
 from ray_layout.driver.tune import run_tune  # noqa: E402

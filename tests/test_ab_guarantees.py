@@ -15,7 +15,7 @@ from benchmarks.bench_tune import replay_spend
 from ray_layout.ab.cost import replayed_iterations
 from ray_layout.ab.decisions import replay, winner
 from ray_layout.ab.live import Arm, LiveTest
-from ray_layout.ab.schedule import (
+from ray_layout.ab.looks import (
     MIN_CV,
     MIN_MEASURED_CV,
     POWER_Z,

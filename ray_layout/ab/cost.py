@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ray_layout.ab.decisions import Decision
-from ray_layout.ab.schedule import look_iterations
+from ray_layout.ab.looks import look_iterations
 from ray_layout.ab.stats import ABConfig, ArmTrace, is_whole_number
 from ray_layout.ab.vocabulary import ABAction
 from ray_layout.errors import ConfigError

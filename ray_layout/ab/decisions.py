@@ -17,7 +17,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from ray_layout.ab.schedule import look_iterations
+from ray_layout.ab.looks import look_iterations
 from ray_layout.ab.stats import (
     ABConfig,
     ArmStats,
@@ -108,7 +108,7 @@ def decide_look(
     """Decisions at interim look ``look``, in the order of ``traces``.
 
     Judged: every arm not in ``stopped`` with at least its look's steady steps (``first_looks``
-    moves an arm's first look, :mod:`ray_layout.ab.schedule`), truncated to exactly that many
+    moves an arm's first look, :mod:`ray_layout.ab.looks`), truncated to exactly that many
     (so neither how far an arm ran past the look nor wall-clock timing changes the outcome), and
     every not-stopped arm with a failure, which stops.  Each arm is compared with the arm of the
     lowest mean over the same number of steps: the best continues; another stops on a blow-up

@@ -7,7 +7,7 @@ best predictions first).  A watch per arm reads the iteration lines of its last 
 and, under one lock, asks :func:`~ray_layout.ab.decisions.decide_look` at each look the arm
 reaches, against every arm that has reached it too; a stopped arm's run ends at its next poll.
 An arm the search predicts to lose by far more than the margin has its first look earlier
-(:mod:`ray_layout.ab.schedule`); a pair shown tied within the margin is settled there by the
+(:mod:`ray_layout.ab.looks`); a pair shown tied within the margin is settled there by the
 tie-break, whichever of the two it stops.  NaN losses, a step ``blowup`` times the best arm's
 median, OOM and hangs stop an arm at once.
 The last arm standing (every other one stopped or failed) ends once it has passed a look: more
@@ -34,7 +34,7 @@ import numpy as np
 
 from ray_layout.ab.cost import ArmCost
 from ray_layout.ab.decisions import Decision, decide_look, decision_rows, final_decisions
-from ray_layout.ab.schedule import (
+from ray_layout.ab.looks import (
     Prediction,
     covering_iterations,
     first_looks,

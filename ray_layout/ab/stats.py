@@ -36,7 +36,7 @@ a noisy iteration decides.  So instead:
   settles the pair at once: whichever of the two loses the tie-break stops, since more steps
   could not change the verdict.  Bonferroni over the looks keeps the chance of settling a pair
   that is not tied under ``alpha``.
-- **Earlier first looks for predicted losers** (:mod:`ray_layout.ab.schedule`): an arm the
+- **Earlier first looks for predicted losers** (:mod:`ray_layout.ab.looks`): an arm the
   simulator predicts to lose by far more than the margin gets its first look after fewer
   batches.  Each arm keeps as many looks at ``alpha / len(looks)``, fixed before any step is
   seen, so a wrong prediction costs power, never the guarantee.
