@@ -11,7 +11,6 @@ fails here rather than minutes later on a GPU node.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,9 +18,10 @@ from pathlib import Path
 from launchers.megatron_flags import MergedArguments, merge_arguments
 from ray_layout.errors import ConfigError, LayoutError
 from ray_layout.model.baselines import megatron_default
+from ray_layout.model.fields import model_flags
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.megatron_args import check_arguments, parse_flags
-from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig, Recipe
+from ray_layout.model.spec import ModelSpec, ParallelConfig, Recipe
 from ray_layout.model.split import SPLIT_FLAGS, PipelineSplit
 
 ARGUMENTS_SOURCE = "pretrain_gpt.py arguments"  # how errors in an argument list name it
@@ -201,16 +201,6 @@ def _check_default_split(recipe: Recipe, arguments: Sequence[str]) -> None:
         raise ConfigError(f"{m.num_layers} layers on PP {p.pp} without a layout: {exc}") from None
 
 
-def _moe_layer_freq(pattern: Sequence[bool]) -> str:
-    """Megatron's ``--moe-layer-freq`` for a dense/MoE pattern: N when every N-th layer from layer
-    0 is MoE, else a list expression of runs such as ``([0]*3+[1]*58)``."""
-    for every in range(1, len(pattern) + 1):
-        if tuple(pattern) == tuple(i % every == 0 for i in range(len(pattern))):
-            return str(every)
-    runs = [f"[{int(moe)}]*{len(list(run))}" for moe, run in itertools.groupby(pattern)]
-    return f"({'+'.join(runs)})"
-
-
 def _check_layout(recipe: Recipe, layout: Layout) -> None:
     """A layout Megatron would reject at start-up, or one for other parallel sizes, fails here."""
     p, m = recipe.parallel, recipe.model
@@ -237,52 +227,10 @@ def _flags(values: Mapping[str, object]) -> list[str]:
 
 
 def _model_arguments(m: ModelSpec, keep_data: bool) -> list[str]:
-    gqa = m.num_query_groups < m.num_attention_heads
-    moe = m.num_experts > 0
-    return _flags(
-        {
-            "--num-layers": m.num_layers,
-            "--hidden-size": m.hidden_size,
-            "--ffn-hidden-size": m.ffn_hidden_size,
-            "--num-attention-heads": m.num_attention_heads,
-            "--group-query-attention": gqa,
-            "--num-query-groups": m.num_query_groups if gqa else None,
-            "--kv-channels": m.kv_channels,
-            "--swiglu": m.swiglu,
-            "--normalization": m.normalization,
-            "--disable-bias-linear": not m.add_bias_linear,
-            "--add-qkv-bias": m.add_qkv_bias,
-            "--qk-layernorm": m.qk_layernorm,
-            "--position-embedding-type": m.position_embedding_type,
-            "--seq-length": m.seq_length,
-            # Required by Megatron whatever the position embedding; >= seq_length.
-            "--max-position-embeddings": m.max_position_embeddings or m.seq_length,
-            "--untie-embeddings-and-output-weights": m.untie_embeddings_and_output_weights,
-            "--make-vocab-size-divisible-by": m.make_vocab_size_divisible_by,
-            # The NullTokenizer adds an end-of-document token: V - 1 gives the model's V; the
-            # user's own tokenizer (kept data) knows its vocabulary.
-            "--vocab-size": None if keep_data else m.vocab_size - 1,
-            "--num-experts": m.num_experts if moe else None,
-            "--moe-ffn-hidden-size": m.moe_ffn_hidden_size if moe else None,
-            "--moe-router-topk": m.moe_router_topk if moe else None,
-            "--moe-shared-expert-intermediate-size": m.moe_shared_expert_intermediate_size or None,
-            "--moe-layer-freq": _moe_layer_freq(m.moe_layer_pattern) if moe else None,
-            "--mtp-num-layers": m.mtp_num_layers or None,
-        }
-    ) + (_mla_arguments(m.mla) if m.mla else [])
-
-
-def _mla_arguments(mla: MLAConfig) -> list[str]:
-    return _flags(
-        {
-            "--multi-latent-attention": True,
-            "--q-lora-rank": mla.q_lora_rank,
-            "--kv-lora-rank": mla.kv_lora_rank,
-            "--qk-head-dim": mla.qk_head_dim,
-            "--qk-pos-emb-head-dim": mla.qk_pos_emb_head_dim,
-            "--v-head-dim": mla.v_head_dim,
-        }
-    )
+    """The model's flags, from its fields' table (``ray_layout.model.fields``).  The NullTokenizer
+    adds an end-of-document token: V - 1 gives the model's V; the user's own tokenizer (kept
+    data) knows its vocabulary."""
+    return _flags(model_flags(m) | {"--vocab-size": None if keep_data else m.vocab_size - 1})
 
 
 def _parallel_arguments(

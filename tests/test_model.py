@@ -107,3 +107,19 @@ def test_build_recipe_treats_a_null_layer_freq_as_unset():
         "moe_layer_freq": None,
     }
     assert build_recipe(raw, source="yaml").model.moe_layer_pattern == (True, True)
+
+
+def test_model_fields_table_agrees_with_model_spec():
+    """ModelSpec's own defaults are the table's, and every table key reaches build_recipe."""
+    from dataclasses import MISSING, fields
+
+    from ray_layout.model.fields import FIELD, MODEL_KEYS, REQUIRED
+    from ray_layout.model.spec import MLAConfig, ModelSpec
+
+    derived = {"max_position_embeddings", "moe_router_topk"}  # 0 unless learned / MoE
+    for f in fields(ModelSpec):
+        if f.name in FIELD and f.default is not MISSING and f.name not in derived:
+            assert FIELD[f.name].default in (f.default, REQUIRED, None), f.name
+    spec_keys = {f.name for f in fields(ModelSpec)} | {f.name for f in fields(MLAConfig)}
+    inputs_only = {"group_query_attention", "multi_latent_attention", "moe_layer_freq"}
+    assert (spec_keys - {"moe_layer_pattern", "mla"}) | inputs_only == MODEL_KEYS

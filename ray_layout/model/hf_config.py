@@ -28,6 +28,7 @@ from typing import Any
 
 from ray_layout.errors import ConfigError
 from ray_layout.model import hf_flags
+from ray_layout.model.fields import HF_FIELDS
 from ray_layout.model.hf_flags import Defaults, training_flags, with_user_flags
 from ray_layout.model.spec import Recipe, build_recipe, megatron_args_of, read_mapping
 
@@ -37,6 +38,8 @@ _QKV_BIAS = frozenset({"qwen2", "qwen2_moe"})
 # Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has no head_dim, so its attention (like
 # every other family's here) falls back to hidden_size / num_attention_heads.
 _HEAD_DIM = {"qwen3": 128}
+# Keys of fields.HF_FIELDS a config.json may leave out: its KV heads are its heads, head_dim above.
+_HF_OPTIONAL = frozenset({"num_query_groups", "kv_channels"})
 
 
 def load_hf_config(
@@ -68,17 +71,15 @@ def load_hf_config(
     tied = _bool(raw, "tie_word_embeddings", source)
     if seq_length is None:
         seq_length = min(DEFAULT_SEQ_LENGTH, _int(raw, "max_position_embeddings", source))
-    heads = _int(raw, "num_attention_heads", source)
-    model = {
+    shared = {f.name: _optional_int(raw, f.hf_key, source) for f in HF_FIELDS}  # every family's
+    missing = [f.hf_key for f in HF_FIELDS if shared[f.name] is None and f.name not in _HF_OPTIONAL]
+    if missing:
+        raise ConfigError(f"{source}: missing key {missing[0]}")
+    model = shared | {
         "name": name,
-        "num_layers": _int(raw, "num_hidden_layers", source),
-        "hidden_size": _int(raw, "hidden_size", source),
-        "num_attention_heads": heads,
         "group_query_attention": True,
-        "num_query_groups": _int(raw, "num_key_value_heads", source, default=heads),
-        "kv_channels": _optional_int(raw, "head_dim", source) or _HEAD_DIM.get(model_type),
-        "ffn_hidden_size": _int(raw, "intermediate_size", source),
-        "vocab_size": _int(raw, "vocab_size", source),
+        "num_query_groups": shared["num_query_groups"] or shared["num_attention_heads"],
+        "kv_channels": shared["kv_channels"] or _HEAD_DIM.get(model_type),
         "make_vocab_size_divisible_by": 128,
         "seq_length": seq_length,
         "swiglu": True,

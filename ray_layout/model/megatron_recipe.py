@@ -19,6 +19,7 @@ from typing import Any
 
 from ray_layout.errors import ConfigError, LayoutError
 from ray_layout.model.bash_script import ExpandedWord, not_set
+from ray_layout.model.fields import MEGATRON_DEFAULTS, MODEL_FIELDS, MODEL_KEYS
 from ray_layout.model.launch_script import LaunchReading, read_launch, read_script_file
 from ray_layout.model.megatron_args import (
     UnresolvedArgument,
@@ -27,12 +28,7 @@ from ray_layout.model.megatron_args import (
     unknown_flags_note,
     walk_flags,
 )
-from ray_layout.model.spec import (
-    MODEL_KEYS,
-    PARALLEL_KEYS,
-    Recipe,
-    build_recipe,
-)
+from ray_layout.model.spec import PARALLEL_KEYS, Recipe, build_recipe
 from ray_layout.model.split import PipelineSplit, current_layout, virtual_pipeline_size
 
 _PARALLEL_FIELDS = {
@@ -56,12 +52,8 @@ _SPLIT_FIELDS = {
 }
 # Megatron's defaults for these differ from this project's (which follow modern MoE models), so a
 # command line that leaves them out means what Megatron means: taken from the flag table.
-_MEGATRON_DEFAULTS = (
-    "swiglu", "normalization", "add_bias_linear", "position_embedding_type",
-    "group_query_attention", "num_query_groups", "kv_lora_rank", "qk_head_dim",
-    "qk_pos_emb_head_dim", "v_head_dim", "use_distributed_optimizer",
-)  # fmt: skip
-_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size")
+_MEGATRON_DEFAULTS = MEGATRON_DEFAULTS | {"use_distributed_optimizer"}
+_REQUIRED = tuple(f.name for f in MODEL_FIELDS if f.required and not f.mla)
 _ASKED_AS = {"seq_length": "--seq-length N", "vocab_size": "--vocab-size N"}  # on our commands
 _DIVISORS = (  # sizes this module divides by; build_recipe checks the others
     "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",

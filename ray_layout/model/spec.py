@@ -18,16 +18,19 @@ from typing import Any
 import yaml
 
 from ray_layout.errors import ConfigError
+from ray_layout.model.fields import (
+    FIELD,
+    MAX_DIMENSION,
+    MAX_LAYERS,
+    MAX_PARALLEL_SIZE,
+    MAX_PIPELINE_STAGES,
+    MAX_WORLD_SIZE,
+    MODEL_KEYS,
+    checked,
+    take,
+)
 from ray_layout.model.megatron_args import UnresolvedArgument
 from ray_layout.model.split import PipelineSplit
-
-# Bounds far above any real model or cluster: a typo (a billion layers, a 20-digit size) ends in
-# one line naming the field, not in a MemoryError, an OverflowError or an hour of work.
-MAX_LAYERS = 1_024  # decoder layers, and MTP layers
-MAX_DIMENSION = 2**24  # any other size of a model or a batch: hidden, FFN, vocabulary, sequence
-MAX_PARALLEL_SIZE = 65_536  # GPUs in one parallel dimension, sequences in a micro-batch
-MAX_PIPELINE_STAGES = 1_024  # PP x VPP: the stages a layout cuts the model into
-MAX_WORLD_SIZE = 2**20  # GPUs of one run: TP x CP x DP x PP
 
 
 @dataclass(frozen=True)
@@ -150,11 +153,10 @@ class Recipe:
     unresolved_arguments: tuple[UnresolvedArgument, ...] = ()
 
 
-MODEL_KEYS = (
-    frozenset(f.name for f in fields(ModelSpec) if f.name not in {"moe_layer_pattern", "mla"})
-    | {"moe_layer_freq", "group_query_attention", "multi_latent_attention"}
-    | {f.name for f in fields(MLAConfig)}
-)
+__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_PARALLEL_SIZE", "MAX_PIPELINE_STAGES",
+           "MAX_WORLD_SIZE", "MODEL_KEYS"]  # fmt: skip
+# The ModelSpec fields a loader gives as they are (the table's entries; the rest are derived).
+_SPEC_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name in FIELD)
 PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
 # The integer sizes of a run's shape, as a ``runs`` row holds them (without the batch).
 PARALLEL_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")
@@ -227,165 +229,82 @@ def _list_expression(text: str) -> list[int] | int:
         raise ConfigError(f"moe_layer_freq {text!r} is nested too deeply") from None
 
 
-def _shown(value: int) -> str:
-    """An integer as a message shows it: one too long to print (or read) by its size."""
-    return str(value) if value.bit_length() <= 64 else f"a {value.bit_length()}-bit number"
-
-
-# Optional sizes that something divides by or counts with: 0 or less is a typo, not a model.
-_MINIMUM = dict.fromkeys(
-    ("make_vocab_size_divisible_by", "ffn_hidden_size", "kv_channels", "num_query_groups",
-     "moe_ffn_hidden_size", "max_position_embeddings", "q_lora_rank"), 1
-) | {"moe_shared_expert_intermediate_size": 0}  # fmt: skip
-
-
-def _upper_bound(key: str) -> int:
-    if key in ("num_layers", "mtp_num_layers"):
-        return MAX_LAYERS
-    if key in PARALLEL_KEYS and key != "global_batch_size":
-        return MAX_PARALLEL_SIZE
-    return MAX_DIMENSION
-
-
-def _take(raw: dict[str, Any], key: str, kind: type, default: Any = None, *, source: str) -> Any:
-    if key not in raw or raw[key] is None:
-        return default
-    value = raw[key]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        if not (isinstance(value, float) and value.is_integer()):
-            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
-        value = int(value)
-    if kind is int and abs(value) > (bound := _upper_bound(key)):
-        raise ConfigError(f"{source}: {key} must be <= {bound:,}, got {_shown(value)}")
-    if kind is int and value < _MINIMUM.get(key, value):
-        raise ConfigError(f"{source}: {key} must be >= {_MINIMUM[key]}, got {value}")
-    if kind is bool and not isinstance(value, bool):
-        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
-    if kind is str and not isinstance(value, str):
-        raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
-    return value
-
-
-def _required(raw: dict[str, Any], key: str, *, source: str) -> int:
-    value = _take(raw, key, int, source=source)
-    if value is None:
-        raise ConfigError(f"{source}: missing required field {key}")
-    if value <= 0:
-        raise ConfigError(f"{source}: {key} must be positive, got {value}")
-    return value
-
-
 def build_recipe(
     raw_model: Mapping[str, Any], raw_parallel: Mapping[str, Any] | None = None, *, source: str
 ) -> Recipe:
-    """Fill Megatron's defaults into flat model and parallel fields and check them together."""
+    """Fill Megatron's defaults into flat model and parallel fields and check them together.
+
+    Each field is checked and defaulted by its entry in ``fields.MODEL_FIELDS``; what follows is
+    only what fields mean together."""
     raw = dict(raw_model)
     unknown = sorted(set(raw) - MODEL_KEYS)
     if unknown:
         raise ConfigError(f"{source}: unknown model field(s): {', '.join(unknown)}")
-    num_layers = _required(raw, "num_layers", source=source)
-    hidden = _required(raw, "hidden_size", source=source)
-    heads = _required(raw, "num_attention_heads", source=source)
-    swiglu = _take(raw, "swiglu", bool, True, source=source)
-    ffn = _take(raw, "ffn_hidden_size", int, source=source)
-    if ffn is None:  # Megatron's default: 4h, or 2/3 of it rounded down to 64 with SwiGLU
-        ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
-    kv_channels = _take(raw, "kv_channels", int, source=source)
-    if kv_channels is None:
+    v = {key: take(raw, key, source=source) for key in _SPEC_KEYS}
+    hidden, heads = v["hidden_size"], v["num_attention_heads"]
+    if v["ffn_hidden_size"] is None:  # Megatron's: 4h, or 2/3 of it rounded down to 64 (SwiGLU)
+        v["ffn_hidden_size"] = int(4 * hidden * 2 / 3 / 64) * 64 if v["swiglu"] else 4 * hidden
+    if v["kv_channels"] is None:
         if hidden % heads:
             raise ConfigError(
                 f"{source}: hidden_size {hidden} is not divisible by num_attention_heads {heads}; "
                 "set kv_channels"
             )
-        kv_channels = hidden // heads
-    gqa = _take(raw, "group_query_attention", bool, "num_query_groups" in raw, source=source)
-    groups = _take(raw, "num_query_groups", int, source=source) if gqa else None
-    groups = groups or heads
+        v["kv_channels"] = hidden // heads
+    gqa = take(raw, "group_query_attention", source=source, default="num_query_groups" in raw)
+    groups = v["num_query_groups"] = (v["num_query_groups"] if gqa else None) or heads
     if heads % groups:
         raise ConfigError(
             f"{source}: num_attention_heads {heads} is not divisible by num_query_groups {groups}"
         )
-    normalization = _take(raw, "normalization", str, "RMSNorm", source=source)
-    if normalization not in ("LayerNorm", "RMSNorm"):
+    if v["normalization"] not in ("LayerNorm", "RMSNorm"):
         raise ConfigError(
-            f"{source}: normalization must be LayerNorm or RMSNorm, not {normalization}"
+            f"{source}: normalization must be LayerNorm or RMSNorm, not {v['normalization']}"
         )
-    position = _take(raw, "position_embedding_type", str, "rope", source=source)
+    position = v["position_embedding_type"]
     if position not in ("rope", "learned_absolute", "none"):
         raise ConfigError(f"{source}: unknown position_embedding_type {position}")
-    seq_length = _required(raw, "seq_length", source=source)
-    max_positions = _take(raw, "max_position_embeddings", int, seq_length, source=source)
-    num_experts = _take(raw, "num_experts", int, 0, source=source)
-    mtp = _take(raw, "mtp_num_layers", int, 0, source=source)
+    learned = position == "learned_absolute"  # the only one with a table of positions
+    v["max_position_embeddings"] = (v["max_position_embeddings"] or v["seq_length"]) * learned
+    num_experts, mtp = v["num_experts"], v["mtp_num_layers"]
     if num_experts < 0 or mtp < 0:
         raise ConfigError(f"{source}: num_experts and mtp_num_layers cannot be negative")
-    if mtp and position == "learned_absolute":
+    if mtp and learned:
         raise ConfigError(
             f"{source}: MTP needs position_embedding_type rope or none (Megatron rejects "
             "learned_absolute with mtp_num_layers)"
         )
-    moe_ffn = topk = shared = 0
-    pattern: tuple[bool, ...] = (False,) * num_layers
-    if num_experts:
-        moe_ffn = _take(raw, "moe_ffn_hidden_size", int, ffn, source=source)
-        topk = _take(raw, "moe_router_topk", int, 2, source=source)
-        if not 1 <= topk <= num_experts:
-            raise ConfigError(
-                f"{source}: moe_router_topk {topk} must be between 1 and num_experts {num_experts}"
-            )
-        shared = _take(raw, "moe_shared_expert_intermediate_size", int, 0, source=source)
-        freq = raw.get("moe_layer_freq")
-        pattern = parse_moe_layer_freq(1 if freq is None else freq, num_layers)
-    else:
-        moe_only = [
-            k
-            for k in ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq")
-            if raw.get(k) not in (None, 0)
-        ]
-        if moe_only:
-            raise ConfigError(f"{source}: {', '.join(moe_only)} set but num_experts is 0")
+    pattern = _moe_pattern(raw, v, source)
     mla = None
-    if _take(raw, "multi_latent_attention", bool, False, source=source):
-        mla = MLAConfig(
-            q_lora_rank=_take(raw, "q_lora_rank", int, source=source),
-            kv_lora_rank=_required(raw, "kv_lora_rank", source=source),
-            qk_head_dim=_required(raw, "qk_head_dim", source=source),
-            qk_pos_emb_head_dim=_required(raw, "qk_pos_emb_head_dim", source=source),
-            v_head_dim=_required(raw, "v_head_dim", source=source),
-        )
-    model = ModelSpec(
-        name=_take(raw, "name", str, "model", source=source),
-        num_layers=num_layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        ffn_hidden_size=ffn,
-        num_query_groups=groups,
-        kv_channels=kv_channels,
-        seq_length=seq_length,
-        vocab_size=_required(raw, "vocab_size", source=source),
-        make_vocab_size_divisible_by=_take(
-            raw, "make_vocab_size_divisible_by", int, 128, source=source
-        ),
-        swiglu=swiglu,
-        normalization=normalization,
-        add_bias_linear=_take(raw, "add_bias_linear", bool, False, source=source),
-        add_qkv_bias=_take(raw, "add_qkv_bias", bool, False, source=source),
-        qk_layernorm=_take(raw, "qk_layernorm", bool, False, source=source),
-        position_embedding_type=position,
-        max_position_embeddings=max_positions if position == "learned_absolute" else 0,
-        untie_embeddings_and_output_weights=_take(
-            raw, "untie_embeddings_and_output_weights", bool, False, source=source
-        ),
-        num_experts=num_experts,
-        moe_ffn_hidden_size=moe_ffn,
-        moe_router_topk=topk,
-        moe_shared_expert_intermediate_size=shared,
-        moe_layer_pattern=pattern,
-        mtp_num_layers=mtp,
-        mla=mla,
-    )
+    if take(raw, "multi_latent_attention", source=source):
+        names = [f.name for f in fields(MLAConfig)]
+        mla = MLAConfig(**{key: take(raw, key, source=source) for key in names})
+    model = ModelSpec(**v, moe_layer_pattern=pattern, mla=mla)
     parallel = build_parallel(model, raw_parallel or {}, source=source)
     return Recipe(model=model, parallel=parallel)
+
+
+_MOE_ONLY = ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq")
+
+
+def _moe_pattern(raw: dict[str, Any], v: dict[str, Any], source: str) -> tuple[bool, ...]:
+    """Which layers are MoE; the MoE fields of ``v`` settled (0 on a dense model, where setting
+    one is an error)."""
+    num_layers, num_experts = v["num_layers"], v["num_experts"]
+    if not num_experts:
+        moe_only = [k for k in _MOE_ONLY if raw.get(k) not in (None, 0)]
+        if moe_only:
+            raise ConfigError(f"{source}: {', '.join(moe_only)} set but num_experts is 0")
+        v.update(dict.fromkeys((*_MOE_ONLY[:2], "moe_ffn_hidden_size"), 0))
+        return (False,) * num_layers
+    v["moe_ffn_hidden_size"] = v["moe_ffn_hidden_size"] or v["ffn_hidden_size"]
+    if not 1 <= v["moe_router_topk"] <= num_experts:
+        raise ConfigError(
+            f"{source}: moe_router_topk {v['moe_router_topk']} must be between 1 and num_experts "
+            f"{num_experts}"
+        )
+    freq = raw.get("moe_layer_freq")
+    return parse_moe_layer_freq(1 if freq is None else freq, num_layers)
 
 
 def build_parallel(
@@ -399,12 +318,17 @@ def build_parallel(
     for f in fields(ParallelConfig):
         if f.name == "use_distributed_optimizer":
             continue
-        value = _take(dict(raw), f.name, int, f.default, source=source)
+        bound = MAX_DIMENSION if f.name == "global_batch_size" else MAX_PARALLEL_SIZE
+        given = raw.get(f.name)
+        value = f.default if given is None else checked(f.name, given, int, source=source,
+                                                        maximum=bound)  # fmt: skip
         minimum = 0 if f.name == "global_batch_size" else 1
         if value < minimum:
             raise ConfigError(f"{source}: {f.name} must be >= {minimum}, got {value}")
         sizes[f.name] = value
-    distopt = _take(dict(raw), "use_distributed_optimizer", bool, True, source=source)
+    given = raw.get("use_distributed_optimizer")
+    distopt = True if given is None else checked("use_distributed_optimizer", given, bool,
+                                                 source=source)  # fmt: skip
     parallel = ParallelConfig(**sizes, use_distributed_optimizer=distopt)
     check_parallel(model, parallel, source=source)
     return parallel
