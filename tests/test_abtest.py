@@ -37,7 +37,7 @@ from ray_layout.ab.stats import (
 )
 from ray_layout.ab.ties import TieBreakOn
 from ray_layout.errors import ConfigError
-from ray_layout.measure.store import TABLE_SCHEMAS
+from ray_layout.measure.store_schema import TABLE_SCHEMAS
 from ray_layout.runtime.failures import FailureClass, run_status
 
 CONFIG = ABConfig(warmup_iterations=3, batch_size=5, looks=(2, 4, 8))  # short looks, hand-checkable

@@ -20,7 +20,8 @@ import pytest
 
 from ray_layout.ab.vocabulary import StopReason
 from ray_layout.errors import ConfigError
-from ray_layout.measure.store import RUN_DATA_TABLES, SCHEMA_VERSION, TABLE_SCHEMAS, CostStore
+from ray_layout.measure.store import CostStore
+from ray_layout.measure.store_schema import RUN_DATA_TABLES, SCHEMA_VERSION, TABLE_SCHEMAS
 from ray_layout.runtime.failures import FailureClass
 
 SPAWN = multiprocessing.get_context("spawn")

@@ -28,16 +28,13 @@ ownership check first the run is stored twice.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import operator
 import os
-import re
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,115 +43,22 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ray_layout.errors import ConfigError
+from ray_layout.measure.store_schema import (
+    PARTITIONING,
+    RUN_DATA_TABLES,
+    TABLE_SCHEMAS,
+    Rows,
+    check_study,
+    frame_of,
+    table_schema,
+    to_arrow,
+    where,
+    with_run_id,
+)
 
-SCHEMA_VERSION = 2  # 2: ``study`` only in the partition path, no longer a file column
 STALE_CLAIM_S = 600.0
-RUN_DATA_TABLES = ("timers", "iterations", "memory")
-
-Rows = pd.DataFrame | Sequence[Mapping[str, Any]]
 
 _HOST = socket.gethostname()
-_PARTITION_KEY = "study"
-_STR, _INT, _FLOAT = pa.string(), pa.int64(), pa.float64()
-_STUDY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_PARTITIONING = ds.partitioning(pa.schema([(_PARTITION_KEY, _STR)]), flavor="hive")
-
-
-def _schema(keys: set[str], **columns: pa.DataType) -> pa.Schema:
-    """Keys may not be null; every other column may, so files of older versions stay readable."""
-    fields = [pa.field(name, kind, nullable=name not in keys) for name, kind in columns.items()]
-    return pa.schema([*fields, pa.field("schema_version", _INT, nullable=False)])
-
-
-# Times are float seconds since the Unix epoch; *_json columns hold JSON text.
-TABLE_SCHEMAS: dict[str, pa.Schema] = {
-    "runs": _schema(
-        {"run_id", "study"},
-        run_id=_STR,
-        study=_STR,
-        model=_STR,  # the model's name
-        model_hash=_STR,  # hash of the ModelSpec, so renamed copies still match
-        layout=_STR,  # Megatron's --pipeline-model-parallel-layout, compact form
-        pp=_INT,
-        vpp=_INT,
-        tp=_INT,
-        cp=_INT,
-        ep=_INT,
-        etp=_INT,
-        dp=_INT,
-        micro_batch_size=_INT,
-        global_batch_size=_INT,
-        num_microbatches=_INT,
-        backend=_STR,  # "megatron" or "emulated"
-        hardware=_STR,
-        status=_STR,  # e.g. "finished", "failed", "running"
-        failure_class=_STR,  # e.g. "oom", "nan", "timeout" when status is "failed"
-        error=_STR,
-        source=_STR,  # what produced the run, e.g. "profile", "ab"
-        content_hash=_STR,  # hash of the ingested logs: the same run ingested twice is one run
-        started_at=_FLOAT,
-        finished_at=_FLOAT,
-    ),
-    "timers": _schema(
-        {"run_id", "timer"},
-        run_id=_STR,
-        interval=_INT,  # index of the logging interval the timer covers
-        iteration=_INT,  # the iteration that closed that interval
-        rank=_INT,  # null when ms is a statistic over ranks
-        pp_rank=_INT,
-        timer=_STR,  # Megatron's timer name, e.g. "forward-backward"
-        ms=_FLOAT,
-        stat=_STR,  # "min" or "max" over ranks, null for one rank's own time
-    ),
-    "iterations": _schema(
-        {"run_id", "iteration"},
-        run_id=_STR,
-        iteration=_INT,
-        elapsed_ms=_FLOAT,  # elapsed time per iteration
-        throughput_tflops=_FLOAT,  # per GPU
-        lm_loss=_FLOAT,
-        mtp_loss=_FLOAT,
-        grad_norm=_FLOAT,
-        loss_scale=_FLOAT,
-        skipped=_INT,  # number of skipped iterations in the interval
-        nan=_INT,  # number of nan iterations in the interval
-    ),
-    "memory": _schema(
-        {"run_id", "rank"},
-        run_id=_STR,
-        rank=_INT,
-        pp_rank=_INT,
-        iteration=_INT,
-        allocated_mb=_FLOAT,
-        max_allocated_mb=_FLOAT,
-        reserved_mb=_FLOAT,
-        max_reserved_mb=_FLOAT,
-    ),
-    "fits": _schema(
-        {"fit_id", "study"},
-        fit_id=_STR,
-        study=_STR,
-        created_at=_FLOAT,
-        model=_STR,
-        costs_json=_STR,  # the fitted UnitCosts, as COSTS.json text
-        residual_max=_FLOAT,  # largest relative residual of the fit
-        runs=_STR,  # JSON list of the run_ids the fit used
-    ),
-    "decisions": _schema(
-        {"study", "decision_id"},
-        study=_STR,
-        decision_id=_STR,
-        run_id=_STR,
-        layout=_STR,
-        look=_INT,  # which interim look of the A/B test
-        statistic=_FLOAT,
-        p_value=_FLOAT,
-        action=_STR,  # e.g. "continue", "stop", "win"
-        reason=_STR,
-        created_at=_FLOAT,
-    ),
-}
 
 
 class CostStore:
@@ -166,19 +70,19 @@ class CostStore:
 
     def write(self, table: str, rows: Rows, study: str) -> Path:
         """Store rows as one new file, the unit no two writers ever share; returns its path."""
-        data = _to_arrow(table, _frame(rows), study)
+        data = to_arrow(table, frame_of(rows), study)
         return self._write_file(table, study, data, uuid.uuid4().hex)
 
     def read(self, table: str, study: str | None = None, **equals: Any) -> pd.DataFrame:
         """Rows of one table (of all studies, or one) whose columns equal ``equals``; None
         matches null.  Keeps every column any file has and adds ``study`` from the partition."""
         dataset = self._dataset(table, study)
-        return dataset.to_table(filter=_where(table, dataset.schema, equals)).to_pandas()
+        return dataset.to_table(filter=where(table, dataset.schema, equals)).to_pandas()
 
     def has(self, table: str, study: str | None, **equals: Any) -> bool:
         """Whether :meth:`read` would return a row, without loading the rows."""
         dataset = self._dataset(table, study)
-        return dataset.count_rows(filter=_where(table, dataset.schema, equals)) > 0
+        return dataset.count_rows(filter=where(table, dataset.schema, equals)) > 0
 
     def studies(self) -> list[str]:
         """Ids of the studies that hold at least one file."""
@@ -207,11 +111,11 @@ class CostStore:
         unknown = sorted(set(tables) - set(RUN_DATA_TABLES))
         if unknown:
             raise ValueError(f"write_run takes {', '.join(RUN_DATA_TABLES)}, not {unknown}")
-        runs_row = _to_arrow("runs", _frame([run]), study)
+        runs_row = to_arrow("runs", frame_of([run]), study)
         run_id = runs_row["run_id"][0].as_py()
         content_hash = runs_row["content_hash"][0].as_py()
         data = {
-            table: _to_arrow(table, _with_run_id(_frame(rows), run_id), study)
+            table: to_arrow(table, with_run_id(frame_of(rows), run_id), study)
             for table, rows in tables.items()
             if len(rows)
         }
@@ -240,7 +144,7 @@ class CostStore:
 
     def megatron_flags_path(self, study: str) -> Path:
         """The JSON file caching the flag table of the cluster's Megatron for ``study``."""
-        _check_study(study)
+        check_study(study)
         return self.root / "_megatron_flags" / f"{study}.json"
 
     def _partition(self, table: str, study: str) -> Path:
@@ -250,17 +154,17 @@ class CostStore:
         """A dataset over the table's visible files with the union of their schemas: pyarrow
         and pandas otherwise take the first file's schema and drop columns only later ones have.
         """
-        schema = _table_schema(table)
+        schema = table_schema(table)
         if study is not None:
-            _check_study(study)
+            check_study(study)
         folder = self.root / f"table={table}"
         files = sorted(str(path) for path in folder.glob(f"study={study or '*'}/part-*.parquet"))
-        schemas = [schema, _PARTITIONING.schema, *(pq.read_schema(path) for path in files)]
+        schemas = [schema, PARTITIONING.schema, *(pq.read_schema(path) for path in files)]
         return ds.dataset(
             files,
             schema=pa.unify_schemas(schemas, promote_options="permissive"),
             format="parquet",
-            partitioning=_PARTITIONING,
+            partitioning=PARTITIONING,
             partition_base_dir=str(folder),
         )
 
@@ -395,87 +299,3 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _table_schema(table: str) -> pa.Schema:
-    if table not in TABLE_SCHEMAS:
-        raise ValueError(f"unknown table {table!r}; tables are {', '.join(TABLE_SCHEMAS)}")
-    return TABLE_SCHEMAS[table]
-
-
-def _check_study(study: str) -> None:
-    if not isinstance(study, str) or not _STUDY_ID.fullmatch(study):
-        raise ConfigError(
-            f"study id must be letters, digits, '.', '_' or '-', not starting with '.', '_' "
-            f"or '-', got {study!r}"
-        )
-
-
-def _frame(rows: Rows) -> pd.DataFrame:
-    return rows if isinstance(rows, pd.DataFrame) else pd.DataFrame([dict(row) for row in rows])
-
-
-def _with_run_id(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
-    if "run_id" in frame and not (frame["run_id"] == run_id).all():
-        raise ValueError(f"rows given for run {run_id!r} name another run_id")
-    return frame.assign(run_id=run_id)
-
-
-def file_schema(table: str) -> pa.Schema:
-    """The columns a table's files hold: its schema less ``study``, which the partition holds."""
-    schema = _table_schema(table)
-    index = schema.get_field_index(_PARTITION_KEY)
-    return schema if index < 0 else schema.remove(index)
-
-
-def _to_arrow(table: str, frame: pd.DataFrame, study: str) -> pa.Table:
-    """Rows cast to the table's file schema; ``schema_version`` is set here, and a ``study``
-    column in the rows, which every table accepts, must name the partition's study."""
-    schema = file_schema(table)
-    _check_study(study)
-    unknown = sorted(set(frame.columns) - set(schema.names) - {"study"})
-    if unknown:
-        raise ValueError(f"table {table!r} has no column(s) {', '.join(map(str, unknown))}")
-    if len(frame) == 0:
-        raise ValueError(f"no rows to write to table {table!r}")
-    if "study" in frame and not (frame["study"] == study).all():
-        raise ValueError(f"rows for study {study!r} name another study")
-    arrays = [_column(table, field, _values(field.name, frame)) for field in schema]
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _values(name: str, frame: pd.DataFrame) -> Any:
-    """One column's values: set by the store, given in the rows, or null."""
-    if name == "schema_version":
-        return [SCHEMA_VERSION] * len(frame)
-    return frame[name] if name in frame else [None] * len(frame)
-
-
-def _column(table: str, field: pa.Field, values: Any) -> pa.Array:
-    try:
-        array = pa.array(values, type=field.type, from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise ValueError(f"table {table!r} column {field.name!r}: {_first_line(exc)}") from None
-    if not field.nullable and array.null_count:
-        raise ValueError(f"table {table!r} column {field.name!r} must not be null")
-    return array
-
-
-def _where(table: str, schema: pa.Schema, equals: Mapping[str, Any]) -> ds.Expression | None:
-    """Equality on every named column (None matches null), values cast to the column's type."""
-    conditions = []
-    for name, value in equals.items():
-        if name not in schema.names:
-            raise ValueError(f"table {table!r} has no column {name!r}")
-        if value is None:
-            conditions.append(ds.field(name).is_null())
-            continue
-        try:
-            conditions.append(ds.field(name) == pa.scalar(value, type=schema.field(name).type))
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise ValueError(f"filter {name}={value!r}: {_first_line(exc)}") from None
-    return functools.reduce(operator.and_, conditions) if conditions else None
-
-
-def _first_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,0 +1,206 @@
+"""The cost store's tables: their Parquet schemas, and rows cast to them (the checks every write
+passes: known columns, no null keys, one study per file)."""
+
+from __future__ import annotations
+
+import functools
+import operator
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from ray_layout.errors import ConfigError
+
+SCHEMA_VERSION = 2  # 2: ``study`` only in the partition path, no longer a file column
+RUN_DATA_TABLES = ("timers", "iterations", "memory")
+
+Rows = pd.DataFrame | Sequence[Mapping[str, Any]]
+
+PARTITION_KEY = "study"
+STR, INT, FLOAT = pa.string(), pa.int64(), pa.float64()
+STUDY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+PARTITIONING = ds.partitioning(pa.schema([(PARTITION_KEY, STR)]), flavor="hive")
+
+
+def table_of(keys: set[str], **columns: pa.DataType) -> pa.Schema:
+    """Keys may not be null; every other column may, so files of older versions stay readable."""
+    fields = [pa.field(name, kind, nullable=name not in keys) for name, kind in columns.items()]
+    return pa.schema([*fields, pa.field("schema_version", INT, nullable=False)])
+
+
+# Times are float seconds since the Unix epoch; *_json columns hold JSON text.
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    "runs": table_of(
+        {"run_id", "study"},
+        run_id=STR,
+        study=STR,
+        model=STR,  # the model's name
+        model_hash=STR,  # hash of the ModelSpec, so renamed copies still match
+        layout=STR,  # Megatron's --pipeline-model-parallel-layout, compact form
+        pp=INT,
+        vpp=INT,
+        tp=INT,
+        cp=INT,
+        ep=INT,
+        etp=INT,
+        dp=INT,
+        micro_batch_size=INT,
+        global_batch_size=INT,
+        num_microbatches=INT,
+        backend=STR,  # "megatron" or "emulated"
+        hardware=STR,
+        status=STR,  # e.g. "finished", "failed", "running"
+        failure_class=STR,  # e.g. "oom", "nan", "timeout" when status is "failed"
+        error=STR,
+        source=STR,  # what produced the run, e.g. "profile", "ab"
+        content_hash=STR,  # hash of the ingested logs: the same run ingested twice is one run
+        started_at=FLOAT,
+        finished_at=FLOAT,
+    ),
+    "timers": table_of(
+        {"run_id", "timer"},
+        run_id=STR,
+        interval=INT,  # index of the logging interval the timer covers
+        iteration=INT,  # the iteration that closed that interval
+        rank=INT,  # null when ms is a statistic over ranks
+        pp_rank=INT,
+        timer=STR,  # Megatron's timer name, e.g. "forward-backward"
+        ms=FLOAT,
+        stat=STR,  # "min" or "max" over ranks, null for one rank's own time
+    ),
+    "iterations": table_of(
+        {"run_id", "iteration"},
+        run_id=STR,
+        iteration=INT,
+        elapsed_ms=FLOAT,  # elapsed time per iteration
+        throughput_tflops=FLOAT,  # per GPU
+        lm_loss=FLOAT,
+        mtp_loss=FLOAT,
+        grad_norm=FLOAT,
+        loss_scale=FLOAT,
+        skipped=INT,  # number of skipped iterations in the interval
+        nan=INT,  # number of nan iterations in the interval
+    ),
+    "memory": table_of(
+        {"run_id", "rank"},
+        run_id=STR,
+        rank=INT,
+        pp_rank=INT,
+        iteration=INT,
+        allocated_mb=FLOAT,
+        max_allocated_mb=FLOAT,
+        reserved_mb=FLOAT,
+        max_reserved_mb=FLOAT,
+    ),
+    "fits": table_of(
+        {"fit_id", "study"},
+        fit_id=STR,
+        study=STR,
+        created_at=FLOAT,
+        model=STR,
+        costs_json=STR,  # the fitted UnitCosts, as COSTS.json text
+        residual_max=FLOAT,  # largest relative residual of the fit
+        runs=STR,  # JSON list of the run_ids the fit used
+    ),
+    "decisions": table_of(
+        {"study", "decision_id"},
+        study=STR,
+        decision_id=STR,
+        run_id=STR,
+        layout=STR,
+        look=INT,  # which interim look of the A/B test
+        statistic=FLOAT,
+        p_value=FLOAT,
+        action=STR,  # e.g. "continue", "stop", "win"
+        reason=STR,
+        created_at=FLOAT,
+    ),
+}
+
+
+def table_schema(table: str) -> pa.Schema:
+    if table not in TABLE_SCHEMAS:
+        raise ValueError(f"unknown table {table!r}; tables are {', '.join(TABLE_SCHEMAS)}")
+    return TABLE_SCHEMAS[table]
+
+
+def check_study(study: str) -> None:
+    if not isinstance(study, str) or not STUDY_ID.fullmatch(study):
+        raise ConfigError(
+            f"study id must be letters, digits, '.', '_' or '-', not starting with '.', '_' "
+            f"or '-', got {study!r}"
+        )
+
+
+def frame_of(rows: Rows) -> pd.DataFrame:
+    return rows if isinstance(rows, pd.DataFrame) else pd.DataFrame([dict(row) for row in rows])
+
+
+def with_run_id(frame: pd.DataFrame, run_id: str) -> pd.DataFrame:
+    if "run_id" in frame and not (frame["run_id"] == run_id).all():
+        raise ValueError(f"rows given for run {run_id!r} name another run_id")
+    return frame.assign(run_id=run_id)
+
+
+def file_schema(table: str) -> pa.Schema:
+    """The columns a table's files hold: its schema less ``study``, which the partition holds."""
+    schema = table_schema(table)
+    index = schema.get_field_index(PARTITION_KEY)
+    return schema if index < 0 else schema.remove(index)
+
+
+def to_arrow(table: str, frame: pd.DataFrame, study: str) -> pa.Table:
+    """Rows cast to the table's file schema; ``schema_version`` is set here, and a ``study``
+    column in the rows, which every table accepts, must name the partition's study."""
+    schema = file_schema(table)
+    check_study(study)
+    unknown = sorted(set(frame.columns) - set(schema.names) - {"study"})
+    if unknown:
+        raise ValueError(f"table {table!r} has no column(s) {', '.join(map(str, unknown))}")
+    if len(frame) == 0:
+        raise ValueError(f"no rows to write to table {table!r}")
+    if "study" in frame and not (frame["study"] == study).all():
+        raise ValueError(f"rows for study {study!r} name another study")
+    arrays = [column_array(table, field, column_values(field.name, frame)) for field in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def column_values(name: str, frame: pd.DataFrame) -> Any:
+    """One column's values: set by the store, given in the rows, or null."""
+    if name == "schema_version":
+        return [SCHEMA_VERSION] * len(frame)
+    return frame[name] if name in frame else [None] * len(frame)
+
+
+def column_array(table: str, field: pa.Field, values: Any) -> pa.Array:
+    try:
+        array = pa.array(values, type=field.type, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ValueError(f"table {table!r} column {field.name!r}: {first_line(exc)}") from None
+    if not field.nullable and array.null_count:
+        raise ValueError(f"table {table!r} column {field.name!r} must not be null")
+    return array
+
+
+def where(table: str, schema: pa.Schema, equals: Mapping[str, Any]) -> ds.Expression | None:
+    """Equality on every named column (None matches null), values cast to the column's type."""
+    conditions = []
+    for name, value in equals.items():
+        if name not in schema.names:
+            raise ValueError(f"table {table!r} has no column {name!r}")
+        if value is None:
+            conditions.append(ds.field(name).is_null())
+            continue
+        try:
+            conditions.append(ds.field(name) == pa.scalar(value, type=schema.field(name).type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise ValueError(f"filter {name}={value!r}: {first_line(exc)}") from None
+    return functools.reduce(operator.and_, conditions) if conditions else None
+
+
+def first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
