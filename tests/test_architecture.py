@@ -41,7 +41,7 @@ LAYERS = (
 # Ray is the imperative shell: the pure core (sizing, layouts, fitting, simulation, statistics)
 # must run and be tested without it.
 RAY_FREE = ("ray_layout.errors", "ray_layout.model", "search", "ray_layout.measure", "launchers")
-MAX_LINES = 500
+MAX_LINES = 450
 
 
 def _module_name(path: Path) -> str:
