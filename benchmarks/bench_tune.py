@@ -76,6 +76,7 @@ from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.loading import load_recipe  # noqa: E402
 from ray_layout.model.spec import Recipe, with_parallel  # noqa: E402
 from ray_layout.report.summary import TuneSummary  # noqa: E402
+from ray_layout.runtime.policy import RunPolicy  # noqa: E402
 from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
 from search.planner import PlanOptions, Problem, SearchSpec, score_given  # noqa: E402, Problem
 from search.space import LayoutSpace  # noqa: E402
@@ -91,6 +92,8 @@ ITERS, QUICK_ITERS = 20, 10
 QUICK_EXTRA = 3  # layouts measured besides the tune's arms with --quick
 TARGET_PICK, TARGET_PREDICTION, TARGET_GPU = 0.01, 0.02, 0.5
 AB = ABConfig()  # the tune's A/B: its defaults
+# Emulated runs start in seconds and step in under one: a hung or stuck run ends in minutes
+POLICY = RunPolicy(timeout_s=900.0, heartbeat_s=120.0)
 
 
 # The replay's arms (step over the pick's) and costs: 4 GPUs a run, about 30 GPU-seconds of
@@ -223,8 +226,7 @@ def tune_settings(
         ab_top=AB_TOP,
         profile_iters=PROFILE_ITERS,
         hbm_gib=HBM_GIB,
-        timeout_s=900.0,
-        heartbeat_s=120.0,
+        policy=POLICY,
         runs_at_once=runs_at_once,
     )
 
@@ -265,6 +267,7 @@ def layouts_to_measure(every: list[Layout], summary: TuneSummary, quick: bool) -
 def measure(
     recipe: Recipe,
     layouts: list[Layout],
+    *,
     backend: Backend,
     settings: TuneSettings,
     iters: int,
@@ -277,8 +280,7 @@ def measure(
     options = RunOptions(
         gpus_per_node=GPUS_PER_NODE,
         settings=ProfileSettings(train_iters=iters),
-        timeout_s=settings.timeout_s,
-        heartbeat_s=settings.heartbeat_s,
+        policy=settings.policy,
         max_parallel=1,
     )
     rows = []
@@ -287,11 +289,11 @@ def measure(
         (run,) = run_layouts(
             recipe,
             [LayoutRun(layout, kind="bench")],
-            backend,
-            store,
-            study,
-            settings.log_dir,
-            options,
+            backend=backend,
+            store=store,
+            study=study,
+            log_dir=settings.log_dir,
+            options=options,
         )
         wall = time.monotonic() - started
         steps = stored_steps(store, study, run.ingested.run_id) if run.ingested else []
@@ -572,7 +574,15 @@ def main(argv: list[str] | None = None) -> int:
             highlight=False,
         )
         started = time.monotonic()
-        rows = measure(recipe, chosen, backend, settings, iters, predict, console)
+        rows = measure(
+            recipe,
+            chosen,
+            backend=backend,
+            settings=settings,
+            iters=iters,
+            predict=predict,
+            console=console,
+        )
         info["exhaustive_wall_s"] = time.monotonic() - started
     finally:
         ray.shutdown()

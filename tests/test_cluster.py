@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import signal
@@ -30,6 +31,7 @@ from ray_layout.runtime.placement import (
     megatron_coordinates,
     rank_order,
 )
+from ray_layout.runtime.policy import RunPolicy
 from ray_layout.runtime.runs import attempts, run_many, run_on_cluster
 from ray_layout.runtime.spec import RunResult, RunSpec, attempt_id, attempt_number
 from tests.conftest import GPUS_PER_NODE, NODES
@@ -334,19 +336,24 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+# short enough for a test to see each failure class; no retry unless a test asks for one
+TEST_POLICY = RunPolicy(
+    timeout_s=60.0, heartbeat_s=30.0, max_retries=0, placement_timeout_s=30.0, stop_grace_s=1.0
+)
+POLICY_FIELDS = frozenset(item.name for item in dataclasses.fields(RunPolicy))
+
+
 def make_spec(tmp_path: Path, mode: str, run_id: str, **changes) -> RunSpec:
+    """A run of RANK_SCRIPT; ``changes`` set the spec's fields or its policy's."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
+    policy = {name: value for name, value in changes.items() if name in POLICY_FIELDS}
     fields = {
         "parallel": ParallelConfig(dp=2),
         "gpus_per_node": GPUS_PER_NODE,
-        "timeout_s": 60.0,
-        "heartbeat_s": 30.0,
-        "max_retries": 0,
-        "placement_timeout_s": 30.0,
-        "stop_grace_s": 1.0,
+        "policy": dataclasses.replace(TEST_POLICY, **policy),
         "log_dir": tmp_path / "logs",
-    } | changes
+    } | {name: value for name, value in changes.items() if name not in POLICY_FIELDS}
     command = [sys.executable, str(script), mode, str(tmp_path / "state")]
     return RunSpec(run_id, "test", command, **fields)
 

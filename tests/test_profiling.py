@@ -19,6 +19,7 @@ from ray_layout.measure.ingest import observations_from_store
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import load_recipe_file, with_parallel
+from ray_layout.runtime.policy import RunPolicy
 from ray_layout.runtime.profiling import (
     Backend,
     LayoutRun,
@@ -31,6 +32,7 @@ from ray_layout.runtime.profiling import (
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 PROFILE = Path("cluster_configs/hardware/h200_emulated.yaml")
+EMULATED_POLICY = RunPolicy(timeout_s=240.0, heartbeat_s=120.0)  # emulated ranks start in seconds
 
 
 def test_backends_build_their_commands(tmp_path):
@@ -95,11 +97,11 @@ def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_pat
     store = CostStore(tmp_path / "store")
     layouts = [Layout.parse("Et*3|t*7|t*6m|L", 4), Layout.parse("Et|t*15|m|L", 4)]
     settings = ProfileSettings(train_iters=6)
-    options = RunOptions(gpus_per_node=4, settings=settings, timeout_s=240, heartbeat_s=120)
+    options = RunOptions(gpus_per_node=4, settings=settings, policy=EMULATED_POLICY)
     backend = Backend("emulated", hardware_profile=PROFILE)
     _opened_rank_logs.clear()
-    runs = run_layouts(recipe, [LayoutRun(layout) for layout in layouts], backend, store, "emu",
-                       None, options)  # fmt: skip
+    runs = run_layouts(recipe, [LayoutRun(layout) for layout in layouts], backend=backend,
+                       store=store, study="emu", log_dir=None, options=options)  # fmt: skip
     assert [r.result.status for r in runs] == ["finished", "finished"], [r.result for r in runs]
     assert all(r.ingested and r.ingested.stored for r in runs)
     assert rank_logs_read() == [] and not list(tmp_path.rglob("rank-*.log"))
@@ -117,8 +119,8 @@ def test_eight_emulated_ranks_on_two_nodes_end_in_the_store(ray_cluster, tmp_pat
     fitted = fit_costs(recipe.model, recipe.parallel, observations)
     truth = load_profile(PROFILE).costs  # what the emulator slept; the tuner never reads it
     assert fitted.costs.forward_ms["t"] == pytest.approx(truth.forward_ms["t"], rel=0.15)
-    again = run_layouts(recipe, [LayoutRun(layout) for layout in layouts], backend, store, "emu",
-                        None, options)  # fmt: skip
+    again = run_layouts(recipe, [LayoutRun(layout) for layout in layouts], backend=backend,
+                        store=store, study="emu", log_dir=None, options=options)  # fmt: skip
     assert [r.resumed for r in again] == [True, True]  # the store had them: nothing ran again
     assert [r.ingested.run_id for r in again] == [r.ingested.run_id for r in runs]
     assert len(store.read("runs", study="emu")) == len(rows)
@@ -138,11 +140,12 @@ def test_an_ab_arm_stopped_early_stores_every_stage_s_memory(ray_cluster, tmp_pa
         return "enough" if len(seen) >= 8 else None
 
     options = RunOptions(gpus_per_node=4, settings=ProfileSettings(train_iters=40),
-                         timeout_s=240, heartbeat_s=120, max_retries=0)  # fmt: skip
+                         policy=replace(EMULATED_POLICY, max_retries=0))  # fmt: skip
     backend = Backend("emulated", hardware_profile=PROFILE)
     _opened_rank_logs.clear()
     (run,) = run_layouts(recipe, [LayoutRun(layout, kind="ab", source="t:arm", watch=watch)],
-                         backend, store, "emu", tmp_path / "logs", options)  # fmt: skip
+                         backend=backend, store=store, study="emu", log_dir=tmp_path / "logs",
+                         options=options)  # fmt: skip
     assert (run.result.status, run.result.error) == ("stopped", "enough"), run.result
     assert rank_logs_read() == [] and len(_opened_rank_logs) == 8  # written, never read
     assert [p.name for p in run.result.log_paths] == [f"rank-{r}.log" for r in range(8)]

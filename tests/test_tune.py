@@ -37,6 +37,7 @@ from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.spec import with_parallel
 from ray_layout.model.split import PipelineSplit
+from ray_layout.runtime.policy import RunPolicy
 from ray_layout.runtime.profiling import Backend
 from search.planner import PlanOptions, SearchSpec
 from tests.conftest import GPUS_PER_NODE, NODES
@@ -65,8 +66,7 @@ def small_settings(tmp_path: Path, study: str) -> TuneSettings:
         ab_top=2,
         profile_iters=6,
         hbm_gib=131.0,
-        timeout_s=240.0,
-        heartbeat_s=120.0,
+        policy=RunPolicy(timeout_s=240.0, heartbeat_s=120.0),
     )
 
 
@@ -182,26 +182,26 @@ def _ingested(run_id: str) -> SimpleNamespace:
 def test_refit_keeps_the_first_fit_only_for_runs_it_cannot_use_and_says_why(
     monkeypatch, error, surfaces
 ):
-    def fit(recipe, store, study, run_ids, gpus_per_node):
+    def fit(recipe, store, *, study, run_ids, gpus_per_node):
         assert run_ids == ["profile-1", "ab-1"]
         raise error
 
     monkeypatch.setattr(phases, "fit", fit)
     profiled = [_ingested("profile-1")]
     results = [SimpleNamespace(run=_ingested("ab-1")), SimpleNamespace(run=None)]
-    args = (SMALL, None, "study", profiled)
+    args = {"study": "study", "profiled": profiled, "gpus_per_node": GPUS_PER_NODE}
     if surfaces:  # a bad input is not "nothing new to refit"
         with pytest.raises(ConfigError):
-            phases.refit(*args, results, GPUS_PER_NODE)
+            phases.refit(SMALL, None, results=results, **args)
         return
-    refined = phases.refit(*args, results, GPUS_PER_NODE)
+    refined = phases.refit(SMALL, None, results=results, **args)
     assert refined.result is None and "no steady timer interval" in refined.skipped
     assert refit_note(SMALL, refined, None, None, None) == refined.skipped  # the report says it
-    assert phases.refit(*args, [SimpleNamespace(run=None)], GPUS_PER_NODE).result is None
+    assert phases.refit(SMALL, None, results=[SimpleNamespace(run=None)], **args).result is None
 
 
 def test_profiling_runs_that_cannot_be_fitted_are_a_run_failure(monkeypatch, tmp_path):
-    def fit(recipe, store, study, run_ids, gpus_per_node):
+    def fit(recipe, store, *, study, run_ids, gpus_per_node):
         raise MeasurementError("profile-1: no steady timer interval")
 
     monkeypatch.setattr(phases, "fit", fit)
@@ -415,7 +415,7 @@ def test_an_interleaved_tune_runs_its_candidates_with_their_vpp(ray_cluster, tmp
         return next(Layout.parse(a.layout, 4) for a in summary.arms if role in a.roles)
 
     assert layout_of(ArmRole.CANDIDATE).vpp == 2 and layout_of(ArmRole.DEFAULT).vpp == 2
-    assert layout_of(ArmRole.COUNT_BASED).vpp == 1  # the rule knows no virtual stages
+    assert layout_of(ArmRole.COUNT_BASED).vpp == 2  # cut over every virtual stage
     pick = Layout.parse(summary.pick, 4)  # whichever won the A/B: the layout carries its VPP
     assert summary.flags == paste_flags(pick) and summary.parallel["vpp"] == pick.vpp
     runs = attempts(CostStore(settings.store), "interleaved")

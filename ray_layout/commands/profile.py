@@ -3,7 +3,7 @@ cost store. Ray is imported only when this command runs, so the other commands s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -12,6 +12,7 @@ from rich.console import Console
 from launchers.emulated.hardware import load_profile
 from ray_layout.commands.checks import (
     MAX_ITERATIONS,
+    at_least,
     between,
     finite,
     folder_or_new,
@@ -28,6 +29,7 @@ from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_from_flops
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.spec import MAX_PARALLEL_SIZE
+from ray_layout.runtime.policy import RunPolicy
 
 if TYPE_CHECKING:
     from ray_layout.runtime.profiling import Backend
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
 SCRIPT = "pretrain_gpt.py"  # what the megatron backend runs from the checkout
 DEFAULT_HARDWARE = "cluster_configs/hardware/h200_emulated.yaml"
 EMULATED_NODES = 3  # the embedded local cluster's nodes when no --ray-address is given
+RUNS = "runs"  # the help's section of the run policy's flags
+_POLICY = RunPolicy()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,8 +76,33 @@ class BackendFlags(Settings):
         )
 
 
-def seconds_flag(default: float, help: str | None = None) -> Any:
-    return option(default, help=help, checks=[positive, finite])
+def seconds_flag(default: float, help: str | None = None, group: str | None = None) -> Any:
+    return option(default, help=help, group=group, checks=[positive, finite])
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPolicyFlags(Settings):
+    """Each run's :class:`RunPolicy` from flags; every default is the policy's own, so the
+    profile and tune commands and code that builds a policy directly run alike."""
+
+    timeout_s: float = seconds_flag(
+        _POLICY.timeout_s, "one attempt of a run, start-up included", RUNS
+    )
+    heartbeat_s: float = seconds_flag(
+        _POLICY.heartbeat_s, "longest wait for an iteration line, counted from launch", RUNS
+    )
+    max_retries: int = option(
+        _POLICY.max_retries,
+        help="attempts after a node-lost, killed, comm, hang or timeout failure",
+        group=RUNS,
+        checks=[at_least(0)],
+    )
+    placement_timeout_s: float = seconds_flag(
+        _POLICY.placement_timeout_s, "longest wait for a run's GPUs", RUNS
+    )
+
+    def policy(self) -> RunPolicy:
+        return RunPolicy(**asdict(self))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,8 +122,7 @@ class ProfileSettings(ModelSettings):
     gpus_per_node: int = option(4, checks=[between(1, MAX_PARALLEL_SIZE)])
     train_iters: int = option(8, checks=[between(1, MAX_ITERATIONS)])
     tflops: float = tflops_flag()
-    timeout_s: float = seconds_flag(1800.0)
-    heartbeat_s: float = seconds_flag(600.0)
+    runs: RunPolicyFlags = field(default_factory=RunPolicyFlags)
     as_json: bool = json_flag()
 
 
@@ -123,15 +151,15 @@ def run_profile(settings: ProfileSettings, console: Console) -> None:
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,
         settings=MegatronProfile(train_iters=settings.train_iters),
-        timeout_s=settings.timeout_s, heartbeat_s=settings.heartbeat_s,
-    )  # fmt: skip
+        policy=settings.runs.policy(),
+    )
     address, per_node = settings.ray_address, settings.gpus_per_node
     with connected(address, EMULATED_NODES, per_node) as (gpus_per_node, _):
         options = replace(options, gpus_per_node=gpus_per_node)
         store, to_run = CostStore(settings.store), [LayoutRun(layout) for layout in layouts]
-        runs = run_layouts(recipe, to_run, backend, store, settings.study,
-                           Path(settings.log_dir) if settings.log_dir else None,
-                           options)  # fmt: skip
+        log_dir = Path(settings.log_dir) if settings.log_dir else None
+        runs = run_layouts(recipe, to_run, backend=backend, store=store, study=settings.study,
+                           log_dir=log_dir, options=options)  # fmt: skip
     rows = [
         {"layout": str(run.layout), "status": run.result.status,
          "failure_class": run.result.failure_class, "error": run.result.error,

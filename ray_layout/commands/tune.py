@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from ray_layout.commands.checks import (
 )
 from ray_layout.commands.common import Command, ModelSettings, command_parser, execute, json_flag
 from ray_layout.commands.flags import Settings, option
-from ray_layout.commands.profile import BackendFlags, seconds_flag
+from ray_layout.commands.profile import BackendFlags, RunPolicyFlags
 from ray_layout.commands.searching import (
     check_sampled_work,
     check_search_size,
@@ -56,6 +56,7 @@ DESCRIPTION = (
 )
 AB_TEST = "A/B test"
 _AB = ABConfig()
+_TUNE = {item.name: item.default for item in fields(TuneSettings) if item.default is not MISSING}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +110,7 @@ class TuneFlags(ModelSettings):
     runner: BackendFlags = field(default_factory=BackendFlags)
     hbm_gb: float | None = hbm_flag("GPU memory limit in GiB for the search")
     ab_top: int = option(
-        3, help="how many top layouts to A/B-test with the baselines (0: none)",
+        _TUNE["ab_top"], help="how many top layouts to A/B-test with the baselines (0: none)",
         checks=[at_least(0)],
     )  # fmt: skip
     store: str = option("ray_layout_store", help="the cost store folder", checks=[folder_or_new])
@@ -139,24 +140,25 @@ class TuneFlags(ModelSettings):
         checks=[between(1, MAX_PARALLEL_SIZE)],
     )
     profile_iters: int = option(
-        10,
+        _TUNE["profile_iters"],
         checks=[
             at_least(STEP_WARMUP + 2, f"the fit drops the first {STEP_WARMUP}"),
             between(1, MAX_ITERATIONS),
         ],
     )
     runs_at_once: int | None = option(
-        None,
+        _TUNE["runs_at_once"],
         help="at most this many runs side by side (default: as many as fit; 1 keeps emulated "
         "runs on a small machine from sharing its cores)",
         checks=[at_least(1)],
     )
     ab: ABFlags = field(default_factory=ABFlags)
-    timeout_s: float = seconds_flag(3600.0, "per run")
-    heartbeat_s: float = seconds_flag(900.0, "longest wait for an iteration line")
-    samples: int = option(256, help="Monte Carlo samples", checks=[between(1, MAX_SAMPLES)])
-    seed: int = option(0, checks=[at_least(0)])
-    allow_standalone_mtp: bool = option(False)
+    runs: RunPolicyFlags = field(default_factory=RunPolicyFlags)
+    samples: int = option(
+        _TUNE["samples"], help="Monte Carlo samples", checks=[between(1, MAX_SAMPLES)]
+    )
+    seed: int = option(_TUNE["seed"], checks=[at_least(0)])
+    allow_standalone_mtp: bool = option(_TUNE["allow_standalone_mtp"])
     as_json: bool = json_flag("print the summary as JSON at the end")
     write_script: str | None = write_script_flag()
 
@@ -176,8 +178,7 @@ def tune_settings(flags: TuneFlags, recipe: Recipe, gpus_per_node: int) -> TuneS
         ab_top=flags.ab_top,
         profile_iters=flags.profile_iters,
         hbm_gib=flags.hbm_gb,
-        timeout_s=flags.timeout_s,
-        heartbeat_s=flags.heartbeat_s,
+        policy=flags.runs.policy(),
         samples=flags.samples,
         seed=flags.seed,
         allow_standalone_mtp=flags.allow_standalone_mtp,

@@ -72,6 +72,7 @@ class Searched:
 def profile(
     recipe: Recipe,
     settings: TuneSettings,
+    *,
     store: CostStore,
     phases: Phases,
     cancel: threading.Event,
@@ -86,8 +87,7 @@ def profile(
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,
         settings=ProfileSettings(train_iters=settings.profile_iters),
-        timeout_s=settings.timeout_s,
-        heartbeat_s=settings.heartbeat_s,
+        policy=settings.policy,
         max_parallel=settings.runs_at_once,
     )
     first = design.layouts[0]
@@ -106,8 +106,8 @@ def profile(
         def resumed(index: int, run: ProfiledRun) -> None:
             bars.update(tasks[index], settings.profile_iters, "(from the store)")
 
-        done = run_layouts(recipe, runs, settings.backend, store, settings.study,
-                           settings.log_dir, options, cancel, resumed)  # fmt: skip
+        done = _run_layouts(recipe, runs, settings=settings, store=store, options=options,
+                            cancel=cancel, resumed=resumed)  # fmt: skip
     for run in done:
         from_store = " (from the store)" if run.resumed else ""
         phases.say(f"{run.layout}: {run.result.status}{from_store}")
@@ -142,13 +142,29 @@ def check_against(argvs: Sequence[Sequence[str]], flags: ClusterFlags) -> None:
         check_arguments(argv, f"{ARGUMENTS_SOURCE} ({flags.source})", flags.flags)
 
 
+def _run_layouts(
+    recipe: Recipe,
+    runs: Sequence[LayoutRun],
+    *,
+    settings: TuneSettings,
+    store: CostStore,
+    options: RunOptions,
+    cancel: threading.Event,
+    resumed: Callable[[int, ProfiledRun], None],
+) -> list[ProfiledRun]:
+    """``run_layouts`` with the tune's backend, study and log folder."""
+    return run_layouts(recipe, runs, backend=settings.backend, store=store, study=settings.study,
+                       log_dir=settings.log_dir, options=options, cancel=cancel,
+                       on_resumed=resumed)  # fmt: skip
+
+
 def _logs(settings: TuneSettings) -> str:
     """Where the ranks' raw logs are, for a message that asks the user to look."""
     return f"; logs under {settings.log_dir}" if settings.log_dir else ""
 
 
 def fit(
-    recipe: Recipe, store: CostStore, study: str, run_ids: Sequence[str], gpus_per_node: int
+    recipe: Recipe, store: CostStore, *, study: str, run_ids: Sequence[str], gpus_per_node: int
 ) -> FitResult:
     """Fit unit costs from these stored runs (and record the fit in the store)."""
     wanted = set(run_ids)
@@ -166,7 +182,8 @@ def first_fit(
     units' costs leave it nothing to search with: a run failure, not bad input."""
     run_ids = [r.ingested.run_id for r in profiled if r.ingested]
     try:
-        return fit(recipe, store, settings.study, run_ids, settings.gpus_per_node)
+        return fit(recipe, store, study=settings.study, run_ids=run_ids,
+                   gpus_per_node=settings.gpus_per_node)  # fmt: skip
     except MeasurementError as exc:
         raise RunFailure(f"the profiling runs cannot be fitted: {exc}{_logs(settings)}") from exc
 
@@ -175,6 +192,7 @@ def search(
     recipe: Recipe,
     costs: UnitCosts,
     settings: TuneSettings,
+    *,
     cpus: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> Searched:
@@ -229,14 +247,18 @@ def choose_arms(found: Plan, top: int) -> list[Arm]:
 def ab_test(
     recipe: Recipe,
     arms: Sequence[Arm],
+    *,
     settings: TuneSettings,
     store: CostStore,
     phases: Phases,
     cancel: threading.Event,
     cluster_gpus: int,
 ) -> ABOutcome:
-    """Run the arms live with early stopping, as many side by side as ``cluster_gpus`` holds."""
-    config = settings.ab
+    """Run the arms live with early stopping, as many side by side as ``cluster_gpus`` holds.
+    An arm is never retried (its steps would mix two runs), and it may wait for every arm
+    before it to end before it gets its GPUs."""
+    config, policy = settings.ab, settings.policy
+    placement_s = max(policy.placement_timeout_s, policy.timeout_s * (1 + len(arms)))
     key = test_id(arms, config, repr((recipe.model, recipe.parallel, settings.backend.hardware)))
     world = recipe.parallel.world_size
     at_once = max(1, min(cluster_gpus // world, settings.runs_at_once or cluster_gpus))
@@ -247,10 +269,7 @@ def ab_test(
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,
         settings=ProfileSettings(train_iters=config.max_iterations),
-        timeout_s=settings.timeout_s,
-        heartbeat_s=settings.heartbeat_s,
-        max_retries=0,
-        placement_timeout_s=settings.timeout_s * (1 + len(arms)),
+        policy=replace(policy, max_retries=0, placement_timeout_s=placement_s),
         max_parallel=at_once,
     )
     with phases.bars() as bars:
@@ -272,8 +291,8 @@ def ab_test(
             bars.update(tasks[arm.name], len(steps), "(from the store)")
 
         try:
-            done = run_layouts(recipe, runs, settings.backend, store, settings.study,
-                               settings.log_dir, options, cancel, resumed)  # fmt: skip
+            done = _run_layouts(recipe, runs, settings=settings, store=store, options=options,
+                                cancel=cancel, resumed=resumed)  # fmt: skip
         except BaseException:  # interrupted: keep what was decided (run ids come on resume)
             write_decisions(store, settings.study, key, test.decisions(), {})
             raise
@@ -308,6 +327,7 @@ class Refit:
 def refit(
     recipe: Recipe,
     store: CostStore,
+    *,
     study: str,
     profiled: Sequence[ProfiledRun],
     results: Sequence[ArmResult],
@@ -321,7 +341,8 @@ def refit(
     if not extra:
         return Refit(None)
     try:
-        return Refit(fit(recipe, store, study, run_ids + extra, gpus_per_node))
+        return Refit(fit(recipe, store, study=study, run_ids=run_ids + extra,
+                         gpus_per_node=gpus_per_node))  # fmt: skip
     except MeasurementError as exc:
         return Refit(None, f"refit skipped, the first fit stands: {exc}")
 

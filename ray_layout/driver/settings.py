@@ -4,12 +4,13 @@ and the study id a tune's measurements are kept under."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launchers.megatron_flags import cost_flags
 from ray_layout.ab.stats import ABConfig
 from ray_layout.model.spec import Recipe
+from ray_layout.runtime.policy import RunPolicy
 from ray_layout.runtime.profiling import Backend
 
 DEFAULT_HARDWARE = "cluster_configs/hardware/h200_emulated.yaml"
@@ -17,7 +18,9 @@ DEFAULT_HARDWARE = "cluster_configs/hardware/h200_emulated.yaml"
 
 @dataclass(frozen=True)
 class TuneSettings:
-    """Everything the tune needs besides the recipe."""
+    """Everything the tune needs besides the recipe.  The tune command's flags take their
+    defaults from these (``tests/test_run_policy.py`` holds them to it), so code that builds
+    the settings directly, as the benchmarks do, tunes as the command does."""
 
     backend: Backend
     store: Path
@@ -29,8 +32,7 @@ class TuneSettings:
     ab_top: int = 3
     profile_iters: int = 10
     hbm_gib: float | None = None
-    timeout_s: float = 3600.0
-    heartbeat_s: float = 900.0
+    policy: RunPolicy = field(default_factory=RunPolicy)  # each profiling and A/B run's
     samples: int = 256
     seed: int = 0
     allow_standalone_mtp: bool = False

@@ -68,22 +68,25 @@ def run_tune(
             settings = replace(settings, hbm_gib=hbm_gib)
             phases.say(f"GPU memory {hbm_gib:,.1f} GiB, from {where} (--hbm-gb sets it)")
     with phases.phase("profile", f"profiling runs on the {settings.backend.name} backend"):
-        profiled = profile(recipe, settings, store, phases, cancel, cluster_flags)
+        profiled = profile(recipe, settings, store=store, phases=phases, cancel=cancel,
+                           cluster_flags=cluster_flags)  # fmt: skip
     with phases.phase("fit", "per-unit costs from every rank's timers"):
         first = first_fit(recipe, store, settings, profiled)
         for line in _fit_lines(first):
             phases.say(line)
     with phases.phase("search", "simulate every layout Megatron accepts"):
-        searched = search(recipe, first.costs, settings, cluster_cpus(), phases.say)
+        searched = search(recipe, first.costs, settings, cpus=cluster_cpus(), progress=phases.say)
         phases.say(_search_line(searched))
     arms = choose_arms(searched.found, settings.ab_top)
     ab = NO_AB
     if settings.ab_top > 0:
         with phases.phase("A/B", "the top layouts and the baselines, live, early-stopped"):
-            ab = ab_test(recipe, arms, settings, store, phases, cancel, cluster_gpus())
+            ab = ab_test(recipe, arms, settings=settings, store=store, phases=phases,
+                         cancel=cancel, cluster_gpus=cluster_gpus())  # fmt: skip
     notes = []
     with phases.phase("refit", "A/B runs added to the cost model"):
-        refined = refit(recipe, store, settings.study, profiled, ab.results, settings.gpus_per_node)
+        refined = refit(recipe, store, study=settings.study, profiled=profiled,
+                        results=ab.results, gpus_per_node=settings.gpus_per_node)  # fmt: skip
         if (note := refit_note(recipe, refined, ab, searched, settings.ab)) is not None:
             notes.append(note)
             phases.say(note)

@@ -100,11 +100,11 @@ def run_attempt(
     )
     actors: list[Any] = []
     try:
-        if not _placed(pg, spec.placement_timeout_s, attempt.cancel):
+        wait = spec.policy.placement_timeout_s
+        if not _placed(pg, wait, attempt.cancel):
             if attempt.cancel.is_set():
                 return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
             shape = "+".join(map(str, bundles))
-            wait = spec.placement_timeout_s
             error = f"{shape} GPUs on {len(bundles)} nodes not placed within {wait:g} s"
             return attempt.result(FailureClass.INFEASIBLE_PLACEMENT, error)
         actors = _create_actors(spec, pg, bundles, attempt.run_id)
@@ -120,7 +120,7 @@ def run_attempt(
             FailureClass.NODE_LOST, f"a rank's actor did not answer in {_RPC_TIMEOUT_S:g} s"
         )
     finally:
-        _release(actors, pg, spec.stop_grace_s)
+        _release(actors, pg, spec.policy.stop_grace_s)
 
 
 class _Cancelled(Exception):
@@ -187,17 +187,17 @@ def _create_actors(spec: RunSpec, pg: PlacementGroup, bundles: list[int], run_id
 
 def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) -> RunResult:
     """Order the slots into ranks, launch every rank, then poll until the run ends."""
-    spec = attempt.spec
-    deadline = time.monotonic() + spec.timeout_s
+    policy = attempt.spec.policy
+    deadline = time.monotonic() + policy.timeout_s
     try:
-        places = _get([slot.where.remote() for slot in slots], spec.timeout_s, attempt.cancel)
+        places = _get([slot.where.remote() for slot in slots], policy.timeout_s, attempt.cancel)
     except GetTimeoutError:
         return attempt.result(
-            FailureClass.TIMEOUT, f"rank actors did not start in {spec.timeout_s:g} s"
+            FailureClass.TIMEOUT, f"rank actors did not start in {policy.timeout_s:g} s"
         )
     ranks = _launch(attempt, slots, places, rank_env)
     result = _watch(attempt, ranks, deadline)
-    return replace(result, outputs=_outputs(ranks, spec.stop_grace_s))
+    return replace(result, outputs=_outputs(ranks, policy.stop_grace_s))
 
 
 def _outputs(ranks: list[Any], grace_s: float) -> tuple[RankOutput | None, ...]:
@@ -240,7 +240,7 @@ def _launch(
 
 def _watch(attempt: _Attempt, ranks: list[Any], deadline: float) -> RunResult:
     """Poll every rank until the run ends one way or another."""
-    spec = attempt.spec
+    policy = attempt.spec.policy
     failed_at: float | None = None
     lines_seen = 0
     while True:
@@ -264,8 +264,8 @@ def _watch(attempt: _Attempt, ranks: list[Any], deadline: float) -> RunResult:
                 return attempt.result(*classify_exit(statuses), statuses)
         elif now >= deadline:
             return attempt.result(
-                FailureClass.TIMEOUT, f"still running after {spec.timeout_s:g} s", statuses
+                FailureClass.TIMEOUT, f"still running after {policy.timeout_s:g} s", statuses
             )
-        elif min(status.idle_s for status in statuses) >= spec.heartbeat_s:
-            error = f"no iteration line on any rank for {spec.heartbeat_s:g} s"
+        elif min(status.idle_s for status in statuses) >= policy.heartbeat_s:
+            error = f"no iteration line on any rank for {policy.heartbeat_s:g} s"
             return attempt.result(FailureClass.HANG, error, statuses)

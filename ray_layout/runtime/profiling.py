@@ -33,6 +33,7 @@ from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import CANCELLED, FINISHED, STOPPED
 from ray_layout.runtime.outputs import run_log
 from ray_layout.runtime.placement import RankEnv
+from ray_layout.runtime.policy import RunPolicy
 from ray_layout.runtime.runs import run_many
 from ray_layout.runtime.spec import (
     RunResult,
@@ -127,14 +128,12 @@ class ProfiledRun:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How every run of one batch is watched, retried and placed."""
+    """How every run of one batch is built, placed and watched: ``policy`` goes whole into each
+    run's :class:`RunSpec`."""
 
     gpus_per_node: int
     settings: ProfileSettings = field(default_factory=ProfileSettings)
-    timeout_s: float = 3600.0
-    heartbeat_s: float = 900.0
-    max_retries: int = 1
-    placement_timeout_s: float = 3600.0
+    policy: RunPolicy = field(default_factory=RunPolicy)
     max_parallel: int | None = None  # runs at once; None: as many as wait for room together
     resume: bool = True  # reuse a run the store already holds an outcome of (not cancelled)
 
@@ -145,6 +144,7 @@ INGESTED_STATUSES = frozenset({FINISHED, STOPPED})  # runs whose logs hold stead
 def run_layouts(
     recipe: Recipe,
     runs: Sequence[LayoutRun],
+    *,
     backend: Backend,
     store: CostStore,
     study: str,
@@ -160,6 +160,11 @@ def run_layouts(
     found in the store and not run twice: ``on_resumed`` hears of each such run (by its index
     in ``runs``) before any new run starts."""
     specs, run_recipes, todo, profiled = [], [], [], {}
+
+    def ingested(index: int, result: RunResult, resumed: bool = False) -> ProfiledRun:
+        return _ingested(store, result, study=study, recipe=recipe, layout=runs[index].layout,
+                         run_recipe=run_recipes[index], resumed=resumed)  # fmt: skip
+
     for index, run in enumerate(runs):
         layout = run.layout
         run_recipe = layout_recipe(recipe, layout)
@@ -172,10 +177,7 @@ def run_layouts(
             gpus_per_node=options.gpus_per_node,
             log_dir=log_dir,
             env=env,
-            timeout_s=options.timeout_s,
-            heartbeat_s=options.heartbeat_s,
-            max_retries=options.max_retries,
-            placement_timeout_s=options.placement_timeout_s,
+            policy=options.policy,
             labels={
                 "model": recipe.model.name,
                 "layout": str(layout),
@@ -187,7 +189,7 @@ def run_layouts(
         run_recipes.append(run_recipe)
         done = stored_outcome(store, spec) if options.resume else None
         if done is not None:
-            profiled[index] = _ingested(store, study, recipe, layout, run_recipe, done, True)
+            profiled[index] = ingested(index, done, resumed=True)
             continue
         specs.append(spec)
         todo.append(index)
@@ -196,10 +198,10 @@ def run_layouts(
     for index, resumed in sorted(profiled.items()):
         on_resumed(index, resumed)
     watches = [runs[index].watch for index in todo]
-    results = run_many(specs, store, rank_env, options.max_parallel, watches, cancel)
+    results = run_many(specs, store, rank_env, max_parallel=options.max_parallel,
+                       watches=watches, cancel=cancel)  # fmt: skip
     for index, result in zip(todo, results, strict=True):
-        layout = runs[index].layout
-        profiled[index] = _ingested(store, study, recipe, layout, run_recipes[index], result)
+        profiled[index] = ingested(index, result)
     return [profiled[index] for index in range(len(runs))]
 
 
@@ -215,7 +217,9 @@ def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:
     if rows.empty:
         return None
     mine = rows[
-        rows.run_id.isin([attempt_id(spec.run_id, n) for n in range(1, 2 + spec.max_retries)])
+        rows.run_id.isin(
+            [attempt_id(spec.run_id, n) for n in range(1, 2 + spec.policy.max_retries)]
+        )
     ]
     if mine.empty:
         return None
@@ -238,11 +242,12 @@ def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:
 
 def _ingested(
     store: CostStore,
+    result: RunResult,
+    *,
     study: str,
     recipe: Recipe,
     layout: Layout,
     run_recipe: Recipe,
-    result: RunResult,
     resumed: bool = False,
 ) -> ProfiledRun:
     """Store what the ranks sent back (storing is idempotent); a resumed run is found by its

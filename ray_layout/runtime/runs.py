@@ -44,19 +44,19 @@ def attempts(
     cancel: threading.Event | None = None,
 ) -> Iterator[Attempted]:
     """Every attempt of ``spec`` as it ends: a retried failure class is followed by another
-    attempt, up to ``spec.max_retries``; the last one yielded is the run's result.  With a
-    ``log_dir`` the ranks' raw logs, sent back through Ray, are written there first."""
+    attempt, up to the policy's ``max_retries``; the last one yielded is the run's result.  With
+    a ``log_dir`` the ranks' raw logs, sent back through Ray, are written there first."""
     if not ray.is_initialized():
         raise RuntimeError("connect to a Ray cluster first (ray.init(address=...))")
-    cancel = cancel or threading.Event()
-    for number in range(1, spec.max_retries + 2):
+    cancel, retries = cancel or threading.Event(), spec.policy.max_retries
+    for number in range(1, retries + 2):
         started = time.time()
         result = run_attempt(spec, number, rank_env, watch, cancel)
         if spec.log_dir is not None and result.outputs:
             paths = write_logs(spec.log_dir / result.run_id, result.outputs)
             result = replace(result, log_paths=paths)
         yield Attempted(result, started, time.time())
-        if result.failure_class not in RETRIED or number > spec.max_retries:
+        if result.failure_class not in RETRIED or number > retries:
             return
         logger.warning("%s: %s (%s), retrying", result.run_id, result.failure_class, result.error)
 

@@ -17,6 +17,7 @@ from typing import Any
 from ray_layout.errors import ConfigError
 from ray_layout.model.spec import ParallelConfig
 from ray_layout.runtime.outputs import RankOutput
+from ray_layout.runtime.policy import RunPolicy
 
 # Called at every poll with the attempt id and the iteration lines the last rank printed since
 # the previous call; a returned text stops the run early (class "early-stop") with it as reason.
@@ -32,9 +33,8 @@ class RunSpec:
     """One profiling run: the same argv on every rank (python executable and script included).
 
     ``gpus_per_node`` GPUs of each node are used; a world that is not a multiple takes the rest
-    on one more node.  ``heartbeat_s`` counts from launch, so it must cover start-up and the
-    first iteration.  ``placement_timeout_s`` also covers waiting for other runs to free the
-    cluster.  ``labels`` fill :data:`LABEL_COLUMNS` of each attempt's ``runs`` row.
+    on one more node.  ``policy`` times, retries and places every attempt.  ``labels`` fill
+    :data:`LABEL_COLUMNS` of each attempt's ``runs`` row.
     """
 
     run_id: str
@@ -44,12 +44,8 @@ class RunSpec:
     gpus_per_node: int
     log_dir: Path | None = None  # where the driver also writes the raw logs; None: nowhere
     env: Mapping[str, str] = field(default_factory=dict)
-    timeout_s: float = 3600.0
-    heartbeat_s: float = 900.0
-    max_retries: int = 2
-    placement_timeout_s: float = 600.0
+    policy: RunPolicy = field(default_factory=RunPolicy)
     cpus_per_rank: float = 1.0
-    stop_grace_s: float = 5.0
     labels: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -58,10 +54,8 @@ class RunSpec:
                 raise ConfigError(f"{name} must be letters, digits, '.', '_' or '-': {value!r}")
         if not self.command or not all(isinstance(arg, str) for arg in self.command):
             raise ConfigError(f"command must be a non-empty list of strings: {self.command!r}")
-        if self.gpus_per_node < 1 or self.max_retries < 0 or self.cpus_per_rank <= 0:
-            raise ConfigError("gpus_per_node >= 1, max_retries >= 0 and cpus_per_rank > 0")
-        if min(self.timeout_s, self.heartbeat_s, self.placement_timeout_s) <= 0:
-            raise ConfigError("timeout_s, heartbeat_s and placement_timeout_s must be > 0")
+        if self.gpus_per_node < 1 or self.cpus_per_rank <= 0:
+            raise ConfigError("gpus_per_node >= 1 and cpus_per_rank > 0")
         if set(self.labels) - LABEL_COLUMNS:
             raise ConfigError(
                 f"labels may set {', '.join(sorted(LABEL_COLUMNS))} of the runs table, not "
