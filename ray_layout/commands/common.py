@@ -82,15 +82,20 @@ class ModelSettings(Settings):
         metavar="NAME=VALUE", checks=[_environment_checks],
     )  # fmt: skip
 
+    def overrides(self, **sizes: int) -> Overrides:
+        """What the flags say about the config: the job's environment and the sizes that
+        replace the config's (``sizes`` replace the flags' own)."""
+        given = self.parallel.sizes_given()
+        given |= {k: v for k, v in (("seq_length", self.seq_length),
+                                    ("vocab_size", self.vocab_size)) if v is not None}  # fmt: skip
+        environment = dict(text.partition("=")[::2] for text in self.env)
+        return Overrides(environment, given | sizes)
+
     def recipe(self) -> Recipe:
         """The config's recipe with the flags' overrides, given to a launch script before
         anything in it is checked (``ConfigError`` if they do not fit); what loading decided
         is said once, on stderr."""
-        sizes = self.parallel.sizes_given()
-        sizes |= {k: v for k, v in (("seq_length", self.seq_length),
-                                    ("vocab_size", self.vocab_size)) if v is not None}  # fmt: skip
-        environment = dict(text.partition("=")[::2] for text in self.env)
-        recipe = load_recipe(self.config, Overrides(environment, sizes))
+        recipe = load_recipe(self.config, self.overrides())
         for note in recipe.notes:
             print(one_line(f"note: {note}"), file=sys.stderr)
         return recipe

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.launch_script import read_script_file
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
-from ray_layout.model.megatron_recipe import Overrides
 from ray_layout.model.script_rewrite import rewrite_split
 from ray_layout.model.split import current_layout
 
@@ -45,24 +45,20 @@ def write_tuned_script(settings: ModelSettings, out: str, layout: Layout, commen
     if not path.is_file() or path.suffix.lower() in _FILE_CONFIGS:
         raise ConfigError(f"--write-script needs a launch script or model file as CONFIG, not "
                           f"{source[:80]!r}")  # fmt: skip
-    environment = dict(text.partition("=")[::2] for text in settings.env)
     text = read_script_file(path, source)
-    written = rewrite_split(text, source, layout, comment, environment)
+    written = rewrite_split(text, source, layout, comment, settings.overrides().environment)
     _check_reads_back(settings, written, layout, out)
     _write(Path(out), written, (path.stat().st_mode & 0o777) | 0o200)
 
 
 def _check_reads_back(settings: ModelSettings, written: str, layout: Layout, out: str) -> None:
-    sizes = {**settings.parallel.sizes_given(), "pp": layout.pp}
-    sizes.pop("vpp", None)  # the layout carries its VPP
-    sizes |= {k: v for k, v in (("seq_length", settings.seq_length),
-                                ("vocab_size", settings.vocab_size)) if v is not None}  # fmt: skip
-    environment = dict(text.partition("=")[::2] for text in settings.env)
+    overrides = settings.overrides(pp=layout.pp)
+    sizes = {k: v for k, v in overrides.sizes.items() if k != "vpp"}  # the layout carries its VPP
     with tempfile.TemporaryDirectory() as folder:
         probe = Path(folder) / Path(settings.config).name
         probe.write_text(written)
         try:
-            recipe = load_recipe(str(probe), Overrides(environment, sizes))
+            recipe = load_recipe(str(probe), replace(overrides, sizes=sizes))
             m, p = recipe.model, recipe.parallel
             got = current_layout(m.num_layers, m.mtp_num_layers, p.pp, p.vpp, recipe.split)
         except InputError as exc:

@@ -82,7 +82,7 @@ def expand(token: Word, variables: dict[str, Value]) -> list[ExpandedWord]:
             current = (current or _EMPTY) + text
             continue
         elements = value if isinstance(value, tuple) else (value,)
-        pieces = [piece for element in elements for piece in _split(element)]
+        pieces = [piece for element in elements for piece in split(element)]
         if text.text[:1].isspace() and current is not None:
             fields.append(current)
             current = None
@@ -242,7 +242,7 @@ def _literal_word(text: str) -> Word:
     return words[0] if words else Word((), 0, 0, 0)
 
 
-def _split(text: Text) -> list[Text]:
+def split(text: Text) -> list[Text]:
     """Bash's word splitting on blanks (the default IFS); a value this reader does not know stays
     one word."""
     if text.unresolved:

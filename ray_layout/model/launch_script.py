@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from ray_layout.errors import ConfigError
+from ray_layout.model.bash_expand import split
 from ray_layout.model.bash_script import (
     Command,
     ExpandedWord,
@@ -199,17 +200,7 @@ def _model_file_arguments(
 
 def _words_of_value(value: object) -> list[ExpandedWord]:
     """A variable's words as ``${NAME[@]}`` (an array) or ``$NAME`` (a string) would give them."""
-    if isinstance(value, tuple):
-        return [ExpandedWord(t.text, 0, t.offsets, t.unresolved, t.missing) for t in value]
-    if isinstance(value, Text):
-        words, start = [], None
-        for position, char in enumerate(value.text + " "):
-            if char.isspace():
-                if start is not None:
-                    piece = Text(value.text[start:position], value.offsets[start:position])
-                    words.append(ExpandedWord(piece.text, 0, piece.offsets, None, value.missing))
-                    start = None
-            elif start is None:
-                start = position
-        return words
-    return []
+    if isinstance(value, Unresolved):
+        return []
+    texts = value if isinstance(value, tuple) else split(value)  # type: ignore[arg-type]
+    return [ExpandedWord(t.text, 0, t.offsets, t.unresolved, t.missing) for t in texts]

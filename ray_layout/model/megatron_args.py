@@ -58,10 +58,17 @@ class FlagUse:
     entry: dict[str, Any]  # its argparse entry in the flag table (``unknown_entry`` if none)
     values: tuple[str, ...]  # the words it takes; none for a switch
     position: int = 0  # the index of the flag's word in the walked words
+    inline: bool = False  # written as --flag=value, one word
 
     @property
     def known(self) -> bool:
         return self.entry["dest"] is not None
+
+    @property
+    def span(self) -> range:
+        """The indices of the flag's word and of the words it takes, in the walked words (one
+        word for the ``--flag=value`` form)."""
+        return range(self.position, self.position + 1 + (0 if self.inline else len(self.values)))
 
 
 def unknown_entry(flag: str) -> dict[str, Any]:
@@ -122,7 +129,7 @@ def walk_flags(
         if len(values) < least:
             count = f"{'at least ' if most is None else ''}{least} value{'s' * (least > 1)}"
             raise ConfigError(f"{source}: {flag} expects {count}, got {len(values)}")
-        yield FlagUse(flag, entry, tuple(values), position)
+        yield FlagUse(flag, entry, tuple(values), position, bool(has_inline))
 
 
 def typed_value(use: FlagUse, text: str, source: str) -> Any:
@@ -188,7 +195,7 @@ def parse_flags(
         if entry["nargs"] == 0:
             parsed[entry["dest"]] = _switch(use.flag, entry)
             continue
-        first = use.position + ("=" not in words[use.position])
+        first = use.position + (not use.inline)
         marks = unresolved or ()
         values = [
             text if first + k < len(marks) and marks[first + k] else typed_value(use, text, source)

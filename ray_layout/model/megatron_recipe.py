@@ -12,7 +12,7 @@ environment is read with ``--env NNODES=4`` or ``--dp``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from ray_layout.model.bash_script import ExpandedWord, not_set
 from ray_layout.model.fields import MEGATRON_DEFAULTS, MODEL_FIELDS, MODEL_KEYS
 from ray_layout.model.launch_script import LaunchReading, read_launch, read_script_file
 from ray_layout.model.megatron_args import (
+    FlagUse,
     UnresolvedArgument,
     megatron_flag_table,
     parse_flags,
@@ -154,20 +155,16 @@ def _user_flags(
     left_out: list[UnresolvedArgument] = []
     unknown: list[str] = []
     taken: set[int] = set()
-    for use in walk_flags(words, source, strict=False, keep_unknown=True):
-        span = range(use.position, use.position + 1 + len(use.values))
-        taken.update(span)
-        reasons = [arguments[i].unresolved for i in span if arguments[i].unresolved]
-        if reasons:
-            text = " ".join(words[i] for i in span)
+    for use, reason in _uses(arguments, source):
+        taken.update(use.span)
+        if reason:
+            text = " ".join(words[i] for i in use.span)
             where = f"{source}:{arguments[use.position].line}"
-            left_out.append(UnresolvedArgument(use.flag, text, where, reasons[0]))
+            left_out.append(UnresolvedArgument(use.flag, text, where, reason))
             continue
         if not use.known:
             unknown.append(use.flag)
-        flags += (
-            [use.flag, *use.values] if "=" not in words[use.position] else [words[use.position]]
-        )
+        flags += [words[use.position]] if use.inline else [use.flag, *use.values]
     for index, word in enumerate(arguments):
         if index not in taken and word.unresolved:
             left_out.append(UnresolvedArgument("", word.text, f"{source}:{word.line}",
@@ -252,14 +249,20 @@ def _recipe(
 
 def _flag_lines(arguments: Sequence[ExpandedWord]) -> dict[str, tuple[int, str | None]]:
     """dest -> (line, why its value is unknown, or None) of each known flag's last use."""
+    return {
+        use.entry["dest"]: (arguments[use.position].line, reason)
+        for use, reason in _uses(arguments, "arguments")
+        if use.known
+    }
+
+
+def _uses(arguments: Sequence[ExpandedWord], source: str) -> Iterator[tuple[FlagUse, str | None]]:
+    """Each flag of the arguments as Megatron's argparse takes it, with why one of its words is
+    not known here (a value the job's environment gives), if so."""
     words = [w.text for w in arguments]
-    found: dict[str, tuple[int, str | None]] = {}
-    for use in walk_flags(words, "arguments", strict=False, keep_unknown=True):
-        if use.known:
-            span = range(use.position, use.position + 1 + len(use.values))
-            reason = next((arguments[i].unresolved for i in span if arguments[i].unresolved), None)
-            found[use.entry["dest"]] = (arguments[use.position].line, reason)
-    return found
+    for use in walk_flags(words, source, strict=False, keep_unknown=True):
+        reasons = (arguments[i].unresolved for i in use.span)
+        yield use, next((reason for reason in reasons if reason), None)
 
 
 def _missing_message(

@@ -51,7 +51,7 @@ def rewrite_split(
     pp_use = _last(uses, _PP_FLAG)
     for use in uses:
         if use.flag in split_flags and use is not layout_use:
-            edits.append(_removal(text, [arguments[i] for i in _span(use)], source))
+            edits.append(_removal(text, [arguments[i] for i in use.span], source))
     if layout_use is not None and layout_use.values:
         value_word = arguments[layout_use.position + 1]
         edits.append(_replacement(text, value_word, str(layout), source, launch.reparsed))
@@ -71,10 +71,6 @@ def rewrite_split(
 
 def _last(uses: list[FlagUse], flag: str) -> FlagUse | None:
     return next((use for use in reversed(uses) if use.flag == flag), None)
-
-
-def _span(use: FlagUse) -> range:
-    return range(use.position, use.position + 1 + len(use.values))
 
 
 def _written(word: ExpandedWord, source: str) -> tuple[int, int]:
