@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test test-quick lint format install
+.PHONY: run run-megatron-core test test-quick lint format install
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m ray_layout.tune configs/handbook_7b_a1b.yaml --pp 4 --hbm-gb 131 \
 		--profile-iters 8 --study quickstart
+
+# The same loop on real model code: every rank trains megatron-core's own GPTModel on the CPU
+# (a tiny MoE with MTP on PP 3, about two minutes on 2 cores); its times are CPU times.
+run-megatron-core: $(STAMP)
+	$(BIN)/python -m ray_layout.tune configs/tiny_moe_mtp.yaml --pp 3 --backend megatron-core \
+		--gpus-per-node 4 --profile-iters 8 --ab-top 1 --ab-warmup 2 --ab-batch 3 --ab-looks 2,4 \
+		--study megatron-core-quickstart
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

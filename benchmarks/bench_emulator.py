@@ -41,7 +41,7 @@ from launchers.emulated.config import run_config  # noqa: E402
 from launchers.emulated.environment import NODE_ENV  # noqa: E402
 from launchers.emulated.hardware import load_profile  # noqa: E402
 from launchers.emulated.rank_costs import RankCosts, rank_costs  # noqa: E402
-from launchers.megatron import ProfileSettings  # noqa: E402
+from launchers.megatron import MegatronRunSettings  # noqa: E402
 from ray_layout.measure.design import PAIR, profile_design  # noqa: E402
 from ray_layout.measure.fit import fit_costs, simulated_step_ms  # noqa: E402
 from ray_layout.measure.logs import parse_log  # noqa: E402
@@ -49,7 +49,7 @@ from ray_layout.measure.observations import observation_from_log  # noqa: E402
 from ray_layout.model.costs import costs_from_flops  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.spec import Recipe, load_recipe_file, with_parallel  # noqa: E402
-from ray_layout.runtime.profiling import Backend, rank_command  # noqa: E402
+from ray_layout.runtime.layout_runs import Backend, rank_command  # noqa: E402
 from search.schedule import compile_schedule  # noqa: E402
 from search.simulator import simulate, stage_durations  # noqa: E402
 
@@ -81,7 +81,7 @@ def residual_overhead(stderr: list[str]) -> tuple[int, int, float, float]:
 def run_ranks(recipe: Recipe, layout: Layout, iterations: int, scratch: Path) -> tuple[str, list]:
     """Every rank of one run at once, as a launcher would: the last rank's stdout (iterations
     and timers) with every rank's memory lines, and every rank's stderr."""
-    settings = ProfileSettings(train_iters=iterations)
+    settings = MegatronRunSettings(train_iters=iterations)
     command, extra = rank_command(Backend("emulated", hardware_profile=PROFILE), recipe, layout,
                                   settings)  # fmt: skip
     world, port = recipe.parallel.world_size, free_port()
@@ -112,7 +112,7 @@ def run_ranks(recipe: Recipe, layout: Layout, iterations: int, scratch: Path) ->
 def own_costs(recipe: Recipe, layout: Layout) -> list[RankCosts]:
     """What each PP rank of the run was given to sleep (the profile through the emulator)."""
     command, _ = rank_command(Backend("emulated", hardware_profile=PROFILE), recipe, layout,
-                              ProfileSettings())  # fmt: skip
+                              MegatronRunSettings())  # fmt: skip
     config = run_config(command[3:], recipe.parallel.world_size)
     profile = load_profile(PROFILE)
     return [rank_costs(config, profile.costs, rank) for rank in range(layout.pp)]

@@ -12,7 +12,7 @@ the embedded Ray cluster of 3 nodes x 4 simulated GPUs, every rank the CPU-emula
 sleeping the costs of cluster_configs/hardware/h200_emulated.yaml, into a fresh temporary store
 and report folder.  The tune never reads that profile; this benchmark does, afterwards: its unit
 costs (``gpus_per_node`` set to the cluster's 4, as the emulated ranks take their node from the
-launcher) go through the tune's own search (``ray_layout.driver.phases.search``: same spec,
+launcher) go through the tune's own search (``ray_layout.tuning.phases.search``: same spec,
 samples, seed and ``--hbm-gb``), and each arm is scored on them (``score_given``).
 
 Targets:
@@ -49,15 +49,15 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_tune import load_average, machine  # noqa: E402
-from launchers.emulated.hardware import load_profile  # noqa: E402
+from launchers.emulated.hardware import BUNDLED_PROFILE, load_profile  # noqa: E402
 from ray_layout.commands.flags import from_args  # noqa: E402
 from ray_layout.commands.tune import TuneFlags, build_parser, tune_on_cluster  # noqa: E402
-from ray_layout.driver.phases import search  # noqa: E402
-from ray_layout.driver.settings import DEFAULT_HARDWARE, TuneSettings  # noqa: E402
 from ray_layout.errors import RayLayoutError  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.spec import Recipe  # noqa: E402
 from ray_layout.report.summary import ArmOutcome, TuneSummary, saved_share  # noqa: E402
+from ray_layout.tuning.phases import search  # noqa: E402
+from ray_layout.tuning.settings import TuneSettings  # noqa: E402
 from search.planner import Problem, score_given  # noqa: E402
 from search.ranking import Candidate  # noqa: E402
 
@@ -168,7 +168,7 @@ def run_quickstart(work: Path, console: Console) -> tuple[TuneSummary, Recipe, T
 
 def against_own_costs(summary: TuneSummary, recipe: Recipe, settings: TuneSettings) -> Faithfulness:
     """The tune's search and each arm's score, redone on the profile's own costs."""
-    own = replace(load_profile(DEFAULT_HARDWARE).costs, gpus_per_node=settings.gpus_per_node)
+    own = replace(load_profile(BUNDLED_PROFILE).costs, gpus_per_node=settings.gpus_per_node)
     searched = search(recipe, own, settings)
     problem = Problem.of(recipe, own, searched.spec, searched.options)
     top = tuple(c for c in searched.found.candidates if c.fits)[:TOP]

@@ -29,6 +29,7 @@ from search.space import LayoutSpace
 HANDBOOK = "configs/handbook_7b_a1b.yaml"
 HANDBOOK_COSTS = "configs/costs/handbook_h200_example.json"
 DEEPSEEK = "tests/data/hf/DeepSeek-V3/config.json"
+BLOCKING_P2P = ("--no-overlap-p2p-communication",)  # the interleaved schedule without overlap
 QWEN3_30B = "tests/data/hf/Qwen3-30B-A3B/config.json"
 
 
@@ -86,6 +87,13 @@ def cases() -> list[Case]:
                           run, measured_like(run), 64, 10.0))  # fmt: skip
         found.append(Case(f"{step}. DeepSeek-V3 61+1 MTP, PP 16, VPP {vpp}, M 64, FLOP costs",
                           run, costs_from_flops(run.model, run.parallel), 64, 10.0))  # fmt: skip
+    blocking = replace(with_parallel(deepseek, vpp=2), megatron_args=BLOCKING_P2P)
+    for costs, name in (
+        (measured_like(blocking), "measured-like"),
+        (costs_from_flops(blocking.model, blocking.parallel), "FLOP costs"),
+    ):
+        found.append(Case(f"5. DeepSeek-V3 61+1 MTP, PP 16, VPP 2, M 64, {name}, blocking p2p",
+                          blocking, costs, 64, 10.0))  # fmt: skip
     for pp in (16, 32):
         run = dense_recipe(94, pp, "Qwen3-235B-class-94L")
         found.append(Case(f"6. 94 layers, PP {pp}, M 128", run, measured_like(run), 128, 10.0))
@@ -107,7 +115,8 @@ def run_case(case: Case) -> Plan:
         proof += "" if result.complete else " (top 10 unfinished)"
     print(
         f"{case.label}: {seconds:.2f} s wall, {cpu:.2f} s CPU (target < {case.target_s:g} s), "
-        f"{result.space_size:.3g} layouts, {result.scored:,} scored, {result.method}, {proof}; "
+        f"{result.space_size:.3g} layouts, {result.scored:,} scored, {result.schedule}, "
+        f"{result.method}, {proof}; "
         f"pick {best.layout} ({result.ties[0]:,} tied)"
         + (f"; gap: {result.bound_reason}" if result.bound_reason else "")
     )

@@ -63,21 +63,22 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from launchers.megatron import ProfileSettings  # noqa: E402
+from launchers.megatron import MegatronRunSettings  # noqa: E402
 from ray_layout.ab.cost import ArmCost, gpu_seconds, replayed_iterations  # noqa: E402
-from ray_layout.ab.decisions import replay, winner  # noqa: E402
+from ray_layout.ab.decisions import winner  # noqa: E402
 from ray_layout.ab.live import stored_steps  # noqa: E402
 from ray_layout.ab.looks import Prediction, first_looks  # noqa: E402
+from ray_layout.ab.replay import replay  # noqa: E402
 from ray_layout.ab.stats import ABConfig, ArmTrace  # noqa: E402
-from ray_layout.driver.settings import TuneSettings, study_id  # noqa: E402
-from ray_layout.driver.tune import run_tune  # noqa: E402
 from ray_layout.measure.store import CostStore  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.loading import load_recipe  # noqa: E402
 from ray_layout.model.spec import Recipe, with_parallel  # noqa: E402
 from ray_layout.report.summary import TuneSummary  # noqa: E402
+from ray_layout.runtime.layout_runs import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
 from ray_layout.runtime.policy import RunPolicy  # noqa: E402
-from ray_layout.runtime.profiling import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
+from ray_layout.tuning.loop import run_tune  # noqa: E402
+from ray_layout.tuning.settings import TuneSettings, study_id  # noqa: E402
 from search.planner import PlanOptions, Problem, SearchSpec, score_given  # noqa: E402, Problem
 from search.space import LayoutSpace  # noqa: E402
 
@@ -124,7 +125,7 @@ def ar1_noise(rng: np.random.Generator, shape: tuple[int, ...], phi: float) -> n
 
 
 def replay_spend(replays: int = 200, seed: int = 15, config: ABConfig = AB) -> ReplaySpend:
-    """Replay ``replays`` A/B tests of REPLAY_ARMS side by side (ray_layout.ab.decisions.replay)
+    """Replay ``replays`` A/B tests of REPLAY_ARMS side by side (ray_layout.ab.replay.replay)
     and count what each spent (ray_layout.ab.cost.replayed_iterations)."""
     names, ratios = list(REPLAY_ARMS), np.asarray(list(REPLAY_ARMS.values()))
     predictions = {arm: Prediction(REPLAY_STEP_MS * r, REPLAY_CV) for arm, r in REPLAY_ARMS.items()}
@@ -279,7 +280,7 @@ def measure(
     study = f"{settings.study}-exhaustive"
     options = RunOptions(
         gpus_per_node=GPUS_PER_NODE,
-        settings=ProfileSettings(train_iters=iters),
+        settings=MegatronRunSettings(train_iters=iters),
         policy=settings.policy,
         max_parallel=1,
     )

@@ -18,7 +18,10 @@ says.
   argparse would;
 - the order of forward and backward work comes from megatron-core's own
   ``get_pp_rank_microbatches`` and ``get_schedule_table``, with the p2p calls Megatron makes at
-  each point (``overlap_p2p_comm`` off);
+  each point; an interleaved job with ``overlap_p2p_comm`` on (Megatron's default there, off
+  with ``--no-overlap-p2p-communication``) follows megatron-core's schedule function itself,
+  run with stub communicators (``launchers/emulated/megatron_trace.py``): calls that only post
+  their sends and receives, and the waits Megatron makes for each later;
 - pipeline neighbours exchange real tensors over gloo, batched like Megatron's
   ``batch_isend_irecv`` and waited together (a gloo send completes only once its receive is
   posted, as with NCCL), so bubbles and waits emerge from real concurrency; each tensor carries
@@ -44,13 +47,13 @@ on, set by a launcher that knows; default ``RANK // gpus_per_node``, which is ho
 ranks). Global ranks run tp-cp-dp-pp, PP outermost.
 
 Not emulated: evaluation, checkpoints, data loading, tensor/context/expert-parallel
-communication, Megatron's overlapped p2p (its default for interleaving; launchers should pass
-``--no-overlap-p2p-communication`` when measured and emulated runs are to match).
+communication (and so ``--overlap-moe-expert-parallel-comm``), ``--overlap-p2p-communication-
+warmup-flush``.
 """
 
 import sys
 
-from launchers.emulated.main import main
+from launchers.emulated.rank_program import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -31,9 +31,16 @@ _LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 _NO_EVALUATION = 1_000_000_000
 # torchrun's variables, which the launch sets for each rank whatever a script exports
 _PER_RANK = frozenset(
-    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-     "CUDA_VISIBLE_DEVICES"}
-)  # fmt: skip
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
 # Set only where the caller's environment has no value of its own.
 _DEFAULT_ENVIRONMENT = {
     "PYTHONUNBUFFERED": "1",  # rank logs stream to the collector line by line
@@ -42,8 +49,8 @@ _DEFAULT_ENVIRONMENT = {
 
 
 @dataclass(frozen=True)
-class ProfileSettings:
-    """How long a profile run trains and what it logs; the rest of the run is the recipe.
+class MegatronRunSettings:
+    """How long a profiling or A/B run trains and what it logs; the rest of the run is the recipe.
 
     Timing level 2 with option ``all`` gives every rank's forward/backward compute and p2p timers,
     which the cost fit needs per pipeline stage; a log interval of 1 gives one sample per step.
@@ -66,7 +73,7 @@ class ProfileSettings:
 
 
 def megatron_arguments(
-    recipe: Recipe, layout: Layout | None, settings: ProfileSettings
+    recipe: Recipe, layout: Layout | None, settings: MegatronRunSettings
 ) -> MergedArguments:
     """The ``pretrain_gpt.py`` arguments that run ``recipe`` with ``layout`` as the user's job.
 
@@ -107,16 +114,17 @@ def _with_global_batch(recipe: Recipe) -> tuple[Recipe, str | None]:
         return recipe, None
     microbatches = DEFAULT_MICROBATCHES_PER_STAGE * p.pp
     batch = p.micro_batch_size * p.dp * microbatches
-    note = (f"no global batch size in the config: --global-batch-size {batch} ({microbatches} "
-            "micro-batches a step); give --global-batch-size for your own")  # fmt: skip
+    note = (
+        f"no global batch size in the config: --global-batch-size {batch} ({microbatches} "
+        "micro-batches a step); give --global-batch-size for your own"
+    )
     return replace(recipe, parallel=replace(p, global_batch_size=batch)), note
 
 
 def environment_notes(recipe: Recipe) -> tuple[str, ...]:
     """What became of a launch script's exports: carried into every rank, set per rank by the
     launch instead (torchrun's variables), or left out for want of a plain value."""
-    carried = [f"{name}={value}" for name, value in recipe.environment
-               if name not in _PER_RANK]  # fmt: skip
+    carried = [f"{name}={value}" for name, value in recipe.environment if name not in _PER_RANK]
     per_rank = [name for name, _ in recipe.environment if name in _PER_RANK]
     notes = []
     if carried:
@@ -191,12 +199,15 @@ def _check_default_split(recipe: Recipe, arguments: Sequence[str]) -> None:
     m, p = recipe.model, recipe.parallel
     try:
         megatron_default(
-            m.num_layers, m.mtp_num_layers, p.pp, p.vpp,
+            m.num_layers,
+            m.mtp_num_layers,
+            p.pp,
+            p.vpp,
             account_for_embedding=parsed.get("account_for_embedding_in_pipeline_split", False),
             account_for_loss=parsed.get("account_for_loss_in_pipeline_split", False),
             first_stage_layers=parsed.get("decoder_first_pipeline_num_layers"),
             last_stage_layers=parsed.get("decoder_last_pipeline_num_layers"),
-        )  # fmt: skip
+        )
     except LayoutError as exc:
         raise ConfigError(f"{m.num_layers} layers on PP {p.pp} without a layout: {exc}") from None
 
@@ -240,9 +251,11 @@ def _parallel_arguments(
     split is the tuner's: the layout under test, or (for Megatron's default) the config's own
     split flags with the VPP as virtual stages, so that no two VPP flags ever meet."""
     virtual_stages = p.vpp if layout is None and p.vpp > 1 else None  # a layout carries its VPP
-    default_split = {} if layout is not None else {
-        SPLIT_FLAGS[key]: value for key, value in split.shapes_default.items()
-    }  # fmt: skip
+    default_split = (
+        {}
+        if layout is not None
+        else {SPLIT_FLAGS[key]: value for key, value in split.shapes_default.items()}
+    )
     return _flags(
         {
             "--tensor-model-parallel-size": p.tp,
@@ -257,13 +270,11 @@ def _parallel_arguments(
             "--num-virtual-stages-per-pipeline-rank": virtual_stages,
             _LAYOUT_FLAG: None if layout is None else str(layout),
             **default_split,
-            # the interleaved schedule as ray_layout simulates and emulates it: batched p2p
-            "--no-overlap-p2p-communication": (layout.vpp if layout else p.vpp) > 1,
         }
     )
 
 
-def _training_arguments(s: ProfileSettings) -> list[str]:
+def _training_arguments(s: MegatronRunSettings) -> list[str]:
     """What the tuner owns of training: mock data and a null tokenizer (no files on the nodes)
     unless the user keeps theirs, the iterations, no evaluation, no --save, every timer."""
     return _flags(
@@ -281,7 +292,7 @@ def _training_arguments(s: ProfileSettings) -> list[str]:
     )
 
 
-def _default_arguments(m: ModelSpec, s: ProfileSettings) -> list[str]:
+def _default_arguments(m: ModelSpec, s: MegatronRunSettings) -> list[str]:
     """What a run needs that the user's own flags set when they have them."""
     return _flags(
         {

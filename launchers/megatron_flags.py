@@ -185,7 +185,9 @@ def _differs(user: FlagUse, tuner: FlagUse, tuner_uses: Mapping[str, FlagUse]) -
             return parse_stages(user.values[0]) != parse_stages(tuner.values[0])
         if dest == "moe_layer_freq" and "num_layers" in tuner_uses:
             layers = int(tuner_uses["num_layers"].values[0])
-            patterns = [parse_moe_layer_freq(u.values[0], layers) for u in (user, tuner)]
+            patterns = [
+                parse_moe_layer_freq(u.values[0], layers, source=USER_SOURCE) for u in (user, tuner)
+            ]
             return patterns[0] != patterns[1]
     except InputError:
         return True

@@ -7,7 +7,12 @@
 - ``RunFailure`` (exit 1): runs on the cluster failed, so a phase of the tune cannot go on.
 
 A caller's bug is none of these: it stays a ``ValueError``/``TypeError`` and shows its traceback.
+Every message that shows a value the user gave shows it through :func:`quoted`.
 """
+
+from __future__ import annotations
+
+import reprlib
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -42,3 +47,23 @@ class MeasurementError(RayLayoutError):
 
 class RunFailure(RayLayoutError):
     """Runs on the cluster failed and the step that needed them cannot go on."""
+
+
+QUOTE_LIMIT = 80  # characters of a value a message shows
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 2, 4, 6, 6, 6
+_REPR.maxstring = _REPR.maxother = QUOTE_LIMIT
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``value`` as a message shows it: its repr cut to ``limit`` characters, built without ever
+    making the whole repr, so that a 4 MB string or a list an alias bomb made never makes (or
+    takes minutes to make) a huge message; an integer too long to read by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a {value.bit_length()}-bit number"
+    return clipped(_REPR.repr(value), limit)
+
+
+def clipped(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """Text (a name, a parser's message) as a message shows it: at most ``limit`` characters."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -93,10 +93,10 @@ class ItemSums:
         return len(self.load) - 1
 
 
-def item_sums(model: CostModel, space: LayoutSpace) -> ItemSums:
-    per_item = space.item_counts(model.units, model.moe_pattern)
-    forward, backward = per_item @ model.forward_ms, per_item @ model.backward_ms
-    tail = per_item @ model.tail_params * model.tail_ms_per_gparam
+def item_sums(cost_model: CostModel, space: LayoutSpace) -> ItemSums:
+    per_item = space.item_counts(cost_model.units, cost_model.moe_pattern)
+    forward, backward = per_item @ cost_model.forward_ms, per_item @ cost_model.backward_ms
+    tail = per_item @ cost_model.tail_params * cost_model.tail_ms_per_gparam
 
     def prefix(values: np.ndarray) -> np.ndarray:
         return np.concatenate([[0.0], np.cumsum(values)])
@@ -125,19 +125,23 @@ def water_levels(
 
 
 def serial_p2p(program: Program, p2p_ms: np.ndarray, chunk: int = 0) -> np.ndarray:
-    """(PP,) time each rank must spend inside its p2p calls from its first forward of ``chunk``
-    to its last call (each call lasts at least its fastest transfer), which adds to its compute.
-    The calls before that forward overlap micro-batch 0's way to it, and the first and last
-    calls the fill and drain."""
+    """(PP,) time each rank must spend inside its blocking p2p calls from its first forward of
+    ``chunk`` to its last call (each lasts at least its fastest transfer), which adds to its
+    compute; with overlapped p2p a post takes no time and a wait may take none, so neither
+    counts.  The calls before that forward overlap micro-batch 0's way to it, and the first
+    and last calls the fill and drain."""
     totals = np.zeros(program.pp)
     calls: list[list[int]] = [[] for _ in range(program.pp)]
     first_forward = [
-        next(op for op in range(len(program.rank))
-             if program.rank[op] == rank and program.compute_slot[op] == chunk * program.pp + rank)
+        next(
+            op
+            for op in range(len(program.rank))
+            if program.rank[op] == rank and program.compute_slot[op] == chunk * program.pp + rank
+        )
         for rank in range(program.pp)
-    ]  # fmt: skip
+    ]
     for op_id, transfers in enumerate(program.transfers):  # each rank's ops in its own order
-        if transfers:
+        if transfers and program.own[op_id] == op_id:
             rank = int(program.rank[op_id])
             if not calls[rank] or op_id > first_forward[rank]:
                 totals[rank] += min(p2p_ms[link] for _, link in transfers)
@@ -198,8 +202,8 @@ def one_f_one_b_paths(program: Program, sums: ItemSums, p2p_ms: np.ndarray) -> O
     for rank in range(pp):
         fill = f[a] + hops[rank] + m * (forward + backward) + serial[rank]
         queued = queued_forwards[rank]
-        first = (f[-1] + bw[-1] - bw[b] + 2 * hops[-1] - 2 * hops[rank] + m * backward
-                 + (m - queued) * forward)  # fmt: skip
+        round_trip = 2 * (hops[-1] - hops[rank])
+        first = f[-1] + bw[-1] - bw[b] + round_trip + m * backward + (m - queued) * forward
         path = np.maximum(fill, first)
         steady = m - min(pp - rank - 1, m)
         if steady >= 2:  # B0 precedes F(M - 1) on the rank
@@ -207,8 +211,9 @@ def one_f_one_b_paths(program: Program, sums: ItemSums, p2p_ms: np.ndarray) -> O
             calls = (steady - 1) * (links[rank - 1] if rank else 0.0) + max(steady - 2, 0) * (
                 links[rank] if rank < pp - 1 else 0.0
             )
-            path = np.maximum(path, f[a] + hops[rank] + steady * (forward + backward) + 2 * trip
-                              + calls)  # fmt: skip
+            path = np.maximum(
+                path, f[a] + hops[rank] + steady * (forward + backward) + 2 * trip + calls
+            )
         paths.append(np.where(b > a, path, np.inf))
         drains.append(bw[a] + hops[rank])
     return OneFOneBPaths(paths, drains, tl[b] - tl[a], hops, bw)
@@ -272,8 +277,8 @@ class OneFOneBBound:
     """1F1B: each child's own stage exactly, and the least largest bound of the stages after it
     (``suffix_minmax``), so the bound of a node is the most any of its stages forces."""
 
-    def __init__(self, space: LayoutSpace, program: Program, model: CostModel, sums: ItemSums):
-        self.paths = one_f_one_b_paths(program, sums, model.p2p_ms)
+    def __init__(self, space: LayoutSpace, program: Program, cost_model: CostModel, sums: ItemSums):
+        self.paths = one_f_one_b_paths(program, sums, cost_model.p2p_ms)
         self.root_settled = float(sums.tail[1])  # rank 0 holds the embedding's tail at least
         self.levels = settled_levels(self.paths, self.root_settled)
         mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
@@ -316,19 +321,22 @@ class InterleavedBound:
     raises the open ranks like water.
     """
 
-    def __init__(self, space: LayoutSpace, program: Program, model: CostModel, sums: ItemSums):
+    def __init__(self, space: LayoutSpace, program: Program, cost_model: CostModel, sums: ItemSums):
         pp, stages, m = space.pp, space.num_stages, program.num_microbatches
         self.pp, self.stages, self.m, self.sums = pp, stages, m, sums
         self.last_chunk_start = (space.vpp - 1) * pp
         # the p2p hops micro-batch 0 crosses to reach flat stage (chunk, rank): those within the
         # chunk are in ``crossed`` already (adding rank 0's hops to r again overstated it)
-        crossed = np.concatenate([[0.0], np.cumsum(model.p2p_ms[np.arange(stages) % pp])])
+        crossed = np.concatenate([[0.0], np.cumsum(cost_model.p2p_ms[np.arange(stages) % pp])])
         self.reach_hops = [crossed[c * pp : (c + 1) * pp] for c in range(space.vpp)]
-        unit_load = model.forward_ms + model.backward_ms
-        rho = float(np.max(np.divide(model.forward_ms, unit_load, where=unit_load > 0,
-                                     out=np.zeros_like(unit_load))))  # fmt: skip
+        unit_load = cost_model.forward_ms + cost_model.backward_ms
+        no_load = np.zeros_like(unit_load)
+        forward_share = np.divide(
+            cost_model.forward_ms, unit_load, where=unit_load > 0, out=no_load
+        )
+        rho = float(forward_share.max())
         self.chunk_terms = [  # (chunk, compute after its first forward, p2p after it)
-            (chunk, weight, serial_p2p(program, model.p2p_ms, chunk))
+            (chunk, weight, serial_p2p(program, cost_model.p2p_ms, chunk))
             for chunk, weight in ((0, m), (space.vpp - 1, m - program.group_size * rho))
         ]
         warmups = np.array(forwards_before_first_backward(program))
@@ -367,9 +375,8 @@ class InterleavedBound:
     ) -> Children:
         """A child whose remaining work cannot fit under ``threshold`` is bounded above it."""
         pp, stages, m, sums = self.pp, self.stages, self.m, self.sums
-        loads, tails, cuts, start, k = (
-            node.state.loads, node.state.tails, node.cuts, node.start, node.stage
-        )  # fmt: skip
+        loads, tails = node.state.loads, node.state.tails
+        cuts, start, k = node.cuts, node.start, node.stage
         prefix, n_items = sums.load, sums.items
         child_loads = np.repeat(loads[None], len(ends), axis=0)
         child_loads[:, k % pp] += prefix[ends] - prefix[start]
@@ -420,9 +427,9 @@ class InterleavedBound:
 
 
 def bound_for(
-    space: LayoutSpace, program: Program, model: CostModel, sums: ItemSums
+    space: LayoutSpace, program: Program, cost_model: CostModel, sums: ItemSums
 ) -> OneFOneBBound | InterleavedBound:
     """The schedule's bound, chosen once per search (as Megatron picks its schedule)."""
     if space.vpp == 1:
-        return OneFOneBBound(space, program, model, sums)
-    return InterleavedBound(space, program, model, sums)
+        return OneFOneBBound(space, program, cost_model, sums)
+    return InterleavedBound(space, program, cost_model, sums)

@@ -14,9 +14,19 @@ import numpy as np
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
-from ray_layout.model.sizing import EMBEDDING, GIB, LOSS, WEIGHT_BYTES, static_memory, unit_sizes
+from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP
+from ray_layout.model.sizing import DENSE_DECODER, GIB, MOE_DECODER, gpu_gigaparams, unit_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
-from search.memory import activation_bytes, logits_bytes
+from search.memory import (
+    PLAIN,
+    activation_bytes,
+    block_saving,
+    logits_bytes,
+    loss_transient_bytes,
+    recompute_bytes,
+    static_bytes,
+)
+from search.memory_settings import MemorySettings
 from search.schedule import BACKWARD, compute_order
 
 
@@ -41,6 +51,11 @@ class CostModel:
     mtp_standalone_factor: float
     in_flight: np.ndarray  # (PP, VPP) micro-batches in flight per rank and chunk at the peak
     tail_fixed_ms: float = 0.0  # per step on every rank, not proportional to parameters
+    # --recompute-method block: a chunk's first ``block_layers`` decoder layers (dense first)
+    # keep only their input, freeing ``block_saving_bytes`` each; none when 0
+    block_layers: int = 0
+    block_saving_bytes: np.ndarray | None = None  # (U,)
+    recompute_bytes: float = 0.0  # what one backward recomputes at a time, on every rank
 
     @property
     def has_jitter(self) -> bool:
@@ -90,8 +105,10 @@ def build_cost_model(
     costs: UnitCosts,
     num_microbatches: int,
     group_size: int | None = None,
+    settings: MemorySettings = PLAIN,
 ) -> CostModel:
-    """Arrays over the model's units for a run of ``parallel`` sizes and ``num_microbatches``."""
+    """Arrays over the model's units for a run of ``parallel`` sizes and ``num_microbatches``,
+    with the memory the job's ``settings`` (recompute, optimizer precision, offload) imply."""
     sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
     units = tuple(sizes)
     missing = [u for u in units if u not in costs.forward_ms]
@@ -105,9 +122,11 @@ def build_cost_model(
             )
         )
     calibration = np.array([costs.memory_calibration.get(u, 1.0) for u in units])
-    static = [static_memory(sizes[u].params, parallel) for u in units]
+    layers = (DECODER, DENSE_DECODER, MOE_DECODER, MTP)
+    static = [static_bytes(sizes[u].params, parallel, settings, fp8=u in layers) for u in units]
     in_flight = in_flight_at_peak(parallel.pp, parallel.vpp, num_microbatches, group_size)
-    embedding = static_memory(sizes[EMBEDDING].params, parallel)
+    embedding = static_bytes(sizes[EMBEDDING].params, parallel, settings)
+    saving = np.array([block_saving(model, parallel, u, settings) for u in units]) * calibration
     return CostModel(
         units=units,
         moe_pattern=model.moe_layer_pattern,
@@ -115,18 +134,23 @@ def build_cost_model(
         backward_ms=np.array([costs.backward_ms[u] for u in units]),
         jitter_cv=np.array([costs.jitter_cv.get(u, 0.0) for u in units]),
         static_bytes=np.array([m.total for m in static]),
-        activation_bytes=np.array([activation_bytes(model, parallel, u) for u in units])
+        activation_bytes=np.array([activation_bytes(model, parallel, u, settings) for u in units])
         * calibration,
-        tail_params=np.array([m.weights / WEIGHT_BYTES / 1e9 for m in static]),
+        tail_params=np.array([gpu_gigaparams(sizes[u].params, parallel) for u in units]),
         p2p_ms=p2p_links(costs, parallel),
         tail_ms_per_gparam=costs.grad_sync_ms_per_gparam + costs.optimizer_ms_per_gparam,
-        logits_bytes=logits_bytes(model, parallel)
-        * costs.memory_calibration.get(LOSS, 1.0)
-        * in_flight[-1, -1],
+        logits_bytes=(
+            logits_bytes(model, parallel, settings) * in_flight[-1, -1]
+            + loss_transient_bytes(model, parallel, settings) * (in_flight[-1, -1] > 0)
+        )
+        * costs.memory_calibration.get(LOSS, 1.0),
         standalone_copy_bytes=embedding.total,
-        standalone_copy_params=embedding.weights / WEIGHT_BYTES / 1e9,
+        standalone_copy_params=gpu_gigaparams(sizes[EMBEDDING].params, parallel),
         overhead_bytes=costs.memory_overhead_gib * GIB,
         mtp_standalone_factor=costs.mtp_standalone_factor,
         in_flight=in_flight,
         tail_fixed_ms=costs.tail_fixed_ms,
+        block_layers=settings.recompute_num_layers if saving.any() else 0,
+        block_saving_bytes=saving if saving.any() else None,
+        recompute_bytes=recompute_bytes(model, parallel, settings),
     )

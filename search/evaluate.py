@@ -41,9 +41,9 @@ class Scores:
         return self.memory_bytes.max(axis=1)
 
 
-def stage_times(model: CostModel, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def stage_times(cost_model: CostModel, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(n, S) forward and backward ms of each flat stage."""
-    return counts @ model.forward_ms, counts @ model.backward_ms
+    return counts @ cost_model.forward_ms, counts @ cost_model.backward_ms
 
 
 def _per_rank(values: np.ndarray, pp: int) -> np.ndarray:
@@ -51,45 +51,63 @@ def _per_rank(values: np.ndarray, pp: int) -> np.ndarray:
     return values.reshape(values.shape[0], -1, pp).sum(axis=1)
 
 
-def _standalone_rank(counts: np.ndarray, model: CostModel, pp: int) -> np.ndarray:
+def _standalone_rank(counts: np.ndarray, cost_model: CostModel, pp: int) -> np.ndarray:
     """(n, PP) bool: the rank holds MTP but not the loss (it then builds an embedding copy)."""
     per_rank = counts.reshape(counts.shape[0], -1, pp, counts.shape[2]).sum(axis=1)
-    mtp = per_rank[..., model.units.index("m")] > 0 if "m" in model.units else None
+    mtp = per_rank[..., cost_model.units.index("m")] > 0 if "m" in cost_model.units else None
     if mtp is None:
         return np.zeros(per_rank.shape[:2], dtype=bool)
-    return mtp & (per_rank[..., model.units.index("L")] == 0)
+    return mtp & (per_rank[..., cost_model.units.index("L")] == 0)
 
 
-def memory(model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
+def _block_saving(cost_model: CostModel, counts: np.ndarray) -> np.ndarray:
+    """(n, S) bytes freed by --recompute-method block: each flat stage's first
+    ``block_layers`` decoder layers, dense ones first (they come first in a chunk)."""
+    saving = np.zeros(counts.shape[:2])
+    if cost_model.block_saving_bytes is None:
+        return saving
+    budget = np.full(counts.shape[:2], cost_model.block_layers)
+    for unit in ("t", "t_dense", "t_moe"):
+        if unit in cost_model.units:
+            index = cost_model.units.index(unit)
+            taken = np.minimum(counts[..., index], budget)
+            saving += taken * cost_model.block_saving_bytes[index]
+            budget = budget - taken
+    return saving
+
+
+def memory(cost_model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
     """(n, PP) peak bytes per rank: static state, activations in flight, logits, overhead."""
     n, stages, _ = counts.shape
-    static = _per_rank(counts @ model.static_bytes, pp)
-    activations = (counts @ model.activation_bytes).reshape(n, stages // pp, pp)
-    in_flight = model.in_flight.T[None]  # (1, VPP, PP)
-    total = static + (activations * in_flight).sum(axis=1) + model.overhead_bytes
-    total[:, -1] += model.logits_bytes
-    return total + _standalone_rank(counts, model, pp) * model.standalone_copy_bytes
+    static = _per_rank(counts @ cost_model.static_bytes, pp)
+    held = counts @ cost_model.activation_bytes - _block_saving(cost_model, counts)
+    activations = held.reshape(n, stages // pp, pp)
+    in_flight = cost_model.in_flight.T[None]  # (1, VPP, PP)
+    overhead = cost_model.overhead_bytes + cost_model.recompute_bytes
+    total = static + (activations * in_flight).sum(axis=1) + overhead
+    total[:, -1] += cost_model.logits_bytes
+    return total + _standalone_rank(counts, cost_model, pp) * cost_model.standalone_copy_bytes
 
 
-def tail_ms(model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
+def tail_ms(cost_model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
     """(n, PP) gradient sync + optimizer step of each rank after the pipeline, and the fixed
     per-step overhead."""
-    params = _per_rank(counts @ model.tail_params, pp)
-    params = params + _standalone_rank(counts, model, pp) * model.standalone_copy_params
-    return params * model.tail_ms_per_gparam + model.tail_fixed_ms
+    params = _per_rank(counts @ cost_model.tail_params, pp)
+    params = params + _standalone_rank(counts, cost_model, pp) * cost_model.standalone_copy_params
+    return params * cost_model.tail_ms_per_gparam + cost_model.tail_fixed_ms
 
 
-def score(program: Program, model: CostModel, counts: np.ndarray) -> Scores:
+def score(program: Program, cost_model: CostModel, counts: np.ndarray) -> Scores:
     """Noise-free step, loads and memory of a batch of layouts."""
-    forward, backward = stage_times(model, counts)
-    tail = tail_ms(model, counts, program.pp)
-    standalone = _standalone_rank(counts, model, program.pp).any(axis=1)
-    step = step_ms(program, forward.T, backward.T, model.p2p_ms, tail.T)
-    factor = np.where(standalone, model.mtp_standalone_factor, 1.0)
+    forward, backward = stage_times(cost_model, counts)
+    tail = tail_ms(cost_model, counts, program.pp)
+    standalone = _standalone_rank(counts, cost_model, program.pp).any(axis=1)
+    step = step_ms(program, forward.T, backward.T, cost_model.p2p_ms, tail.T)
+    factor = np.where(standalone, cost_model.mtp_standalone_factor, 1.0)
     return Scores(
         noise_free_ms=step * factor,
         rank_load_ms=_per_rank(forward + backward, program.pp),
-        memory_bytes=memory(model, counts, program.pp),
+        memory_bytes=memory(cost_model, counts, program.pp),
         standalone=standalone,
     )
 
@@ -100,7 +118,7 @@ def standard_normals(program: Program, samples: int, seed: int) -> np.ndarray:
 
 
 def monte_carlo(
-    program: Program, model: CostModel, counts: np.ndarray, normals: np.ndarray
+    program: Program, cost_model: CostModel, counts: np.ndarray, normals: np.ndarray
 ) -> np.ndarray:
     """(n, samples) step times with per-op lognormal noise (mean 1) of each stage's CV.
 
@@ -108,9 +126,9 @@ def monte_carlo(
     """
     n = counts.shape[0]
     samples = normals.shape[1]
-    forward, backward = stage_times(model, counts)
-    spread_f = np.sqrt(counts @ (model.jitter_cv * model.forward_ms) ** 2)
-    spread_b = np.sqrt(counts @ (model.jitter_cv * model.backward_ms) ** 2)
+    forward, backward = stage_times(cost_model, counts)
+    spread_f = np.sqrt(counts @ (cost_model.jitter_cv * cost_model.forward_ms) ** 2)
+    spread_b = np.sqrt(counts @ (cost_model.jitter_cv * cost_model.backward_ms) ** 2)
     with np.errstate(invalid="ignore", divide="ignore"):
         cv = np.nan_to_num(np.concatenate([spread_f / forward, spread_b / backward], axis=1))
     sigma = np.sqrt(np.log1p(cv**2))  # (n, 2S) lognormal parameters for mean 1
@@ -118,15 +136,15 @@ def monte_carlo(
     op_sigma = sigma[:, ops].T  # (C, n)
     noise = np.exp(op_sigma[:, :, None] * normals[:, None, :] - op_sigma[:, :, None] ** 2 / 2)
     repeat = np.repeat(np.arange(n), samples)
-    tail = tail_ms(model, counts, program.pp)
+    tail = tail_ms(cost_model, counts, program.pp)
     step = step_ms(
         program,
         forward.T[:, repeat],
         backward.T[:, repeat],
-        model.p2p_ms,
+        cost_model.p2p_ms,
         tail.T[:, repeat],
         noise=noise.reshape(noise.shape[0], n * samples),
     )
-    standalone = _standalone_rank(counts, model, program.pp).any(axis=1)
-    factor = np.where(standalone, model.mtp_standalone_factor, 1.0)
+    standalone = _standalone_rank(counts, cost_model, program.pp).any(axis=1)
+    factor = np.where(standalone, cost_model.mtp_standalone_factor, 1.0)
     return step.reshape(n, samples) * factor[:, None]

@@ -61,14 +61,18 @@ class ExactResult:
 
 
 def _critical_paths(
-    space: LayoutSpace, program: Program, model: CostModel, layouts: list[tuple[int, ...]]
+    space: LayoutSpace, program: Program, cost_model: CostModel, layouts: list[tuple[int, ...]]
 ) -> list[tuple[np.ndarray, list[PathCut]]]:
     """Per layout: when each rank ends, and the longest path to each rank's end."""
-    counts = space.unit_counts(np.array(layouts, dtype=np.int64), model.units, model.moe_pattern)
-    forward, backward = stage_times(model, counts)
-    tails = tail_ms(model, counts, space.pp)
-    return [critical_paths(program, forward[row], backward[row], model.p2p_ms, tails[row])
-            for row in range(len(layouts))]  # fmt: skip
+    counts = space.unit_counts(
+        np.array(layouts, dtype=np.int64), cost_model.units, cost_model.moe_pattern
+    )
+    forward, backward = stage_times(cost_model, counts)
+    tails = tail_ms(cost_model, counts, space.pp)
+    return [
+        critical_paths(program, forward[row], backward[row], cost_model.p2p_ms, tails[row])
+        for row in range(len(layouts))
+    ]
 
 
 def _bound_reason(search: _Best, relaxation: Relaxation | None) -> str:
@@ -80,12 +84,16 @@ def _bound_reason(search: _Best, relaxation: Relaxation | None) -> str:
         state = (
             "its optimum" if relaxation.converged else f"{relaxation.rounds} rounds, unconverged"
         )
-        return (f"the LP relaxation binds ({state}, {relaxation.paths} schedule paths): even "
-                f"with fractional stage boundaries no layout is faster than "
-                f"{relaxation.bound_ms:,.1f} ms; whether whole layers cost the rest, the branch "
-                f"and bound had no budget left to settle")  # fmt: skip
-    return (f"the search budget ended the branch and bound: subtrees left unexplored have "
-            f"path bounds from {search.pruned:,.1f} ms")  # fmt: skip
+        return (
+            f"the LP relaxation binds ({state}, {relaxation.paths} schedule paths): even "
+            f"with fractional stage boundaries no layout is faster than "
+            f"{relaxation.bound_ms:,.1f} ms; whether whole layers cost the rest, the branch "
+            f"and bound had no budget left to settle"
+        )
+    return (
+        f"the search budget ended the branch and bound: subtrees left unexplored have "
+        f"path bounds from {search.pruned:,.1f} ms"
+    )
 
 
 def shard_of(cuts: tuple[int, ...], num_shards: int) -> int:
@@ -102,14 +110,14 @@ class _Best:
         space: LayoutSpace,
         program: Program,
         *,
-        model: CostModel,
+        cost_model: CostModel,
         top: int,
         hbm_gib: float | None,
         shard: int,
         num_shards: int,
         progress: Callable[[str], None] | None,
     ):
-        self.space, self.program, self.model = space, program, model
+        self.space, self.program, self.cost_model = space, program, cost_model
         self.top, self.hbm_gib = top, hbm_gib
         self.shard, self.num_shards = shard, num_shards
         self.classes: dict[float, TieClass] = {}
@@ -141,9 +149,9 @@ class _Best:
 
     def simulate(self, cuts: np.ndarray, owned: bool = True) -> np.ndarray:
         """Score layouts and keep what can enter the top; returns their predictions."""
-        space, model = self.space, self.model
-        counts = space.unit_counts(cuts, model.units, model.moe_pattern)
-        scores = score(self.program, model, counts)
+        space, cost_model = self.space, self.cost_model
+        counts = space.unit_counts(cuts, cost_model.units, cost_model.moe_pattern)
+        scores = score(self.program, cost_model, counts)
         self.simulated += len(cuts)
         peak = float(scores.peak_memory_bytes.min()) / GIB if len(cuts) else float("inf")
         self.smallest_peak_gib = min(self.smallest_peak_gib, peak)
@@ -160,9 +168,14 @@ class _Best:
         if (fits & ~keep).any():
             self.pruned = min(self.pruned, float(steps[fits & ~keep].min()))
         if keep.any():
-            found = tie_classes(steps[keep], critical_ranks(scores.rank_load_ms[keep]),
-                                scores.peak_memory_bytes[keep], cuts[keep], space.layout_string,
-                                limit=self.top + 1)  # fmt: skip
+            found = tie_classes(
+                steps[keep],
+                critical_ranks(scores.rank_load_ms[keep]),
+                scores.peak_memory_bytes[keep],
+                cuts[keep],
+                space.layout_string,
+                limit=self.top + 1,
+            )
             if len(found) > self.top:  # the batch's next prediction is not kept
                 self.pruned = min(self.pruned, found.pop().step_ms)
             merge_classes(self.classes, found)
@@ -248,10 +261,18 @@ class _Tree:
         self.stages = space.num_stages
         mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
         self.allowed = [  # per stage, the items it may end at (sorted)
-            np.flatnonzero(allowed_ends(self.stages, items, stage, mtp_item,
-                                        space.allow_standalone_mtp, (space.vpp - 1) * space.pp))
+            np.flatnonzero(
+                allowed_ends(
+                    self.stages,
+                    items,
+                    stage,
+                    mtp_item,
+                    space.allow_standalone_mtp,
+                    (space.vpp - 1) * space.pp,
+                )
+            )
             for stage in range(self.stages)
-        ]  # fmt: skip
+        ]
         # the first two boundaries split the tree between shards
         self.sharded_stage = min(1, self.stages - 2) if best.num_shards > 1 else -1
 
@@ -313,13 +334,14 @@ def _cut_bounds(
 ) -> tuple[CutBounds, Relaxation | None]:
     """Cuts from the critical paths of the best incumbents, and for interleaved spaces the LP
     relaxation's mixed path (solved here unless a previous search passes it on)."""
-    space, program, model = best.space, best.program, best.model
-    found = _critical_paths(space, program, model, sorted(steps, key=steps.__getitem__)[:CUTS])
+    space, program, cost_model = best.space, best.program, best.cost_model
+    found = _critical_paths(space, program, cost_model, sorted(steps, key=steps.__getitem__)[:CUTS])
     cuts = [rank_paths[int(np.argmax(ends))] for ends, rank_paths in found]
     if space.vpp > 1 and relaxation is None:
         seeds = [cut for _, rank_paths in found for cut in rank_paths]
-        relaxation = relax(space, program, model.p2p_ms, sums, seeds, relaxation_s,
-                           clock=best.clock)  # fmt: skip
+        relaxation = relax(
+            space, program, cost_model.p2p_ms, sums, seeds, relaxation_s, clock=best.clock
+        )
     if relaxation is not None and relaxation.mixed is not None:
         cuts.append(relaxation.mixed)
     mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
@@ -332,7 +354,7 @@ def exact_search(
     space: LayoutSpace,
     program: Program,
     *,
-    model: CostModel,
+    cost_model: CostModel,
     top: int = 10,
     hbm_gib: float | None = None,
     batch: int = 4096,
@@ -352,21 +374,39 @@ def exact_search(
         raise ValueError("exact search covers spaces of non-empty stages")
     if space.num_stages < 2:
         raise ValueError("exact search needs at least two stages")
-    sums = item_sums(model, space)
-    best = _Best(space, program, model=model, top=top, hbm_gib=hbm_gib, shard=shard,
-                 num_shards=num_shards, progress=progress)  # fmt: skip
+    sums = item_sums(cost_model, space)
+    best = _Best(
+        space,
+        program,
+        cost_model=cost_model,
+        top=top,
+        hbm_gib=hbm_gib,
+        shard=shard,
+        num_shards=num_shards,
+        progress=progress,
+    )
     deadline = time.monotonic() + time_limit_s
-    bound = bound_for(space, program, model, sums)
+    bound = bound_for(space, program, cost_model, sums)
     steps = best.incumbents(seed_cuts(space, sums.load))
     if steps:
-        steps |= best.incumbents(downhill(space, program, model, min(steps, key=steps.__getitem__)))
+        steps |= best.incumbents(
+            downhill(space, program, cost_model, min(steps, key=steps.__getitem__))
+        )
     cuts = None
     if steps:
         relaxation_s = min(RELAXATION_SHARE * time_limit_s, RELAXATION_LIMIT_S)
-        cuts, relaxation = _cut_bounds(best, sums, steps, relaxation=relaxation,
-                                       relaxation_s=relaxation_s)  # fmt: skip
-    tree = _Tree(best, bound, cuts=cuts, items=sums.items, batch=batch, node_limit=node_limit,
-                 deadline=deadline)  # fmt: skip
+        cuts, relaxation = _cut_bounds(
+            best, sums, steps, relaxation=relaxation, relaxation_s=relaxation_s
+        )
+    tree = _Tree(
+        best,
+        bound,
+        cuts=cuts,
+        items=sums.items,
+        batch=batch,
+        node_limit=node_limit,
+        deadline=deadline,
+    )
     tree.descend(tree.root())
     best.flush()
     return best.result(relaxation)

@@ -61,15 +61,15 @@ def transfers(cuts: int) -> np.ndarray:
 
 
 def downhill(
-    space: LayoutSpace, program: Program, model: CostModel, start: tuple[int, ...], rounds=60
+    space: LayoutSpace, program: Program, cost_model: CostModel, start: tuple[int, ...], rounds=60
 ) -> list[tuple[int, ...]]:
     """Move one item from any stage to any other while that makes the simulated step faster;
     the layouts visited on the way (the caller simulates them again for its top)."""
     current = np.array(start)
-    counts = space.unit_counts(current[None], model.units, model.moe_pattern)
-    current_step = score(program, model, counts).noise_free_ms[0]
+    counts = space.unit_counts(current[None], cost_model.units, cost_model.moe_pattern)
+    current_step = score(program, cost_model, counts).noise_free_ms[0]
     visited = [tuple(int(c) for c in current)]
-    items = len(space.item_counts(model.units, model.moe_pattern))
+    items = len(space.item_counts(cost_model.units, cost_model.moe_pattern))
     shifts = transfers(len(current))
     for _ in range(rounds):
         moves = current + shifts
@@ -77,8 +77,8 @@ def downhill(
         moves = np.array([m for m in moves if allowed(space, m)]).reshape(-1, len(current))
         if not len(moves):
             break
-        counts = space.unit_counts(moves, model.units, model.moe_pattern)
-        steps = score(program, model, counts).noise_free_ms
+        counts = space.unit_counts(moves, cost_model.units, cost_model.moe_pattern)
+        steps = score(program, cost_model, counts).noise_free_ms
         best = int(np.argmin(steps))
         if steps[best] >= current_step:
             break

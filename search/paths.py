@@ -45,8 +45,9 @@ def critical_paths(
     """Per rank, when it ends (its last op, then its ``tail``), and the longest path there for
     each rank that ends after ``longer_than``, in rank order: one simulation of one duration
     set (per-stage ``forward``/``backward`` ms, per-rank ``tail`` ms), walked back."""
-    times = simulate(program, forward[:, None], backward[:, None], p2p, tail[:, None],
-                     keep_events=True)  # fmt: skip
+    times = simulate(
+        program, forward[:, None], backward[:, None], p2p, tail[:, None], keep_events=True
+    )
     end = times.end[:, 0]
     ends = times.finish[:, 0] + tail
     walked = np.flatnonzero(ends > longer_than)
@@ -73,15 +74,19 @@ def _walk_back(program: Program, end: np.ndarray, p2p: np.ndarray, rank: int) ->
             counts[program.compute_slot[op]] += 1
             op = previous
             continue
-        posted = end[previous] if previous >= 0 else 0.0
-        best, step_to, link_ms = -np.inf, previous, 0.0
+        # a wait may end with the rank's previous op; its transfer started at its post
+        own = int(program.previous[program.own[op]])
+        posted = end[own] if own >= 0 else 0.0
+        waits = program.own[op] != op
+        best = (end[previous] if previous >= 0 else 0.0) if waits else -np.inf
+        step_to, link_ms = previous, 0.0
         for partner, link in program.transfers[op]:
             before = int(program.previous[partner])
             partner_posted = end[before] if before >= 0 else 0.0
             done = max(posted, partner_posted) + p2p[link]
             if done > best:
                 best, link_ms = done, p2p[link]
-                step_to = previous if posted >= partner_posted else before
+                step_to = own if posted >= partner_posted else before
         constant += link_ms
         op = step_to
     ends_on = (np.arange(stages) % program.pp == rank).astype(float)
@@ -92,8 +97,12 @@ def combine(cuts: list[PathCut], weights: np.ndarray) -> PathCut:
     """A convex combination of paths: never longer than the longest of them, so a bound too,
     and still a sum over stages (weights >= 0 are normalised to sum to one)."""
     weights = np.asarray(weights, dtype=float) / np.sum(weights)
-    return PathCut(*(sum(w * getattr(cut, name) for w, cut in zip(weights, cuts, strict=True))
-                     for name in ("forward", "backward", "tail", "constant_ms")))  # fmt: skip
+    return PathCut(
+        *(
+            sum(w * getattr(cut, name) for w, cut in zip(weights, cuts, strict=True))
+            for name in ("forward", "backward", "tail", "constant_ms")
+        )
+    )
 
 
 def allowed_ends(
@@ -113,9 +122,11 @@ def allowed_ends(
 def stage_costs(cut: PathCut, stage: int, sums: ItemSums) -> np.ndarray:
     """[a, b]: the path's length through stage ``stage`` holding items a..b-1."""
     f, bw, tl = sums.forward, sums.backward, sums.tail
-    return (cut.forward[stage] * (f[None, :] - f[:, None])
-            + cut.backward[stage] * (bw[None, :] - bw[:, None])
-            + cut.tail[stage] * (tl[None, :] - tl[:, None]))  # fmt: skip
+    return (
+        cut.forward[stage] * (f[None, :] - f[:, None])
+        + cut.backward[stage] * (bw[None, :] - bw[:, None])
+        + cut.tail[stage] * (tl[None, :] - tl[:, None])
+    )
 
 
 def least_completions(
@@ -129,8 +140,9 @@ def least_completions(
     starts, ends = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
     for stage in range(stages - 1, -1, -1):
         table = stage_costs(cut, stage, sums) + best[stage + 1][None, :]
-        valid = (ends > starts) & allowed_ends(stages, n - 1, stage, mtp_item, standalone,
-                                               last_chunk)[None, :]  # fmt: skip
+        valid = (ends > starts) & allowed_ends(
+            stages, n - 1, stage, mtp_item, standalone, last_chunk
+        )[None, :]
         best[stage] = np.where(valid, table, np.inf).min(axis=1)
     return best
 

@@ -29,8 +29,10 @@ from ray_layout.model.split import (
 )
 from search.cost_model import CostModel, build_cost_model
 from search.evaluate import monte_carlo, stage_times, standard_normals, tail_ms
+from search.memory_settings import MemorySettings, memory_settings
+from search.overlap import overlap_p2p_comm
 from search.ranking import Candidate, PlanOptions, ShardResult, candidates_of, merge
-from search.schedule import Program, compile_schedule
+from search.schedule import ONE_F_ONE_B, Program, compile_schedule
 from search.shards import ENUMERATION, EXACT, ShardTask, run_shard
 from search.simulator import Event, simulate, timeline
 from search.space import LayoutSpace
@@ -39,31 +41,47 @@ EMPTY_STAGES_LIMIT = 5_000_000  # the exact search covers non-empty stages; thes
 MapShards = Callable[[Callable[[ShardTask], ShardResult], list[ShardTask]], list[ShardResult]]
 
 
-def ideal_step_ms(model: CostModel, space: LayoutSpace, program: Program) -> float:
+def _no_layout_reason(space: LayoutSpace) -> str:
+    """Why a space holds no layout at all, said before any search: a plan of nothing is an
+    error, not an empty table."""
+    stages = f"PP={space.pp} x VPP={space.vpp} = {space.num_stages} stages"
+    units = space.num_layers + (1 if space.mtp_num_layers else 0) + 2  # E, L and the MTP block
+    if not space.allow_empty_stages and units < space.num_stages:
+        return (
+            f"no layout fills {stages} with {units} units (E, {space.num_layers} decoder layers,"
+            f"{' the MTP block,' if space.mtp_num_layers else ''} L) when every stage holds one: "
+            "lower VPP or PP, or allow empty stages (--allow-empty-stages)"
+        )
+    return f"no layout of this model fits {stages} under Megatron's rules"
+
+
+def ideal_step_ms(cost_model: CostModel, space: LayoutSpace, program: Program) -> float:
     """All compute spread evenly over the ranks with no bubble: the grid unit of ties."""
-    whole = space.item_counts(model.units, model.moe_pattern).sum(axis=0)
-    per_microbatch = (model.forward_ms + model.backward_ms) @ whole
+    whole = space.item_counts(cost_model.units, cost_model.moe_pattern).sum(axis=0)
+    per_microbatch = (cost_model.forward_ms + cost_model.backward_ms) @ whole
     return float(program.num_microbatches * per_microbatch / space.pp)
 
 
-def _layout_counts(layout: Layout, model: CostModel) -> tuple[LayoutSpace, np.ndarray, np.ndarray]:
+def _layout_counts(
+    layout: Layout, cost_model: CostModel
+) -> tuple[LayoutSpace, np.ndarray, np.ndarray]:
     """(space, cuts, counts) of one given layout, in the search's own representation."""
     space, cuts = LayoutSpace.holding(layout)
     items = cuts[None]
-    return space, items, space.unit_counts(items, model.units, model.moe_pattern)
+    return space, items, space.unit_counts(items, cost_model.units, cost_model.moe_pattern)
 
 
 def score_layout(
-    layout: Layout, program: Program, model: CostModel, options: PlanOptions
+    layout: Layout, program: Program, cost_model: CostModel, options: PlanOptions
 ) -> Candidate:
     """Score one given layout (a baseline) exactly as the search scores its candidates."""
-    space, items, counts = _layout_counts(layout, model)
+    space, items, counts = _layout_counts(layout, cost_model)
     steps = None
-    if model.has_jitter:
+    if cost_model.has_jitter:
         steps = monte_carlo(
-            program, model, counts, standard_normals(program, options.samples, options.seed)
+            program, cost_model, counts, standard_normals(program, options.samples, options.seed)
         )
-    return candidates_of(space, program, model, items, steps, options.hbm_gib)[0]
+    return candidates_of(space, program, cost_model, items, steps, options.hbm_gib)[0]
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,7 @@ class Plan:
     ties: tuple[int, ...] = ()  # per candidate: layouts predicting exactly its step (itself too)
     bound_reason: str = ""  # exact search with a gap: which bound binds and why it stays open
     smallest_peak_gib: float = float("inf")  # lowest peak memory of any layout the search scored
+    schedule: str = ONE_F_ONE_B  # the pipeline schedule simulated (Program.schedule)
 
     def speedup(self, candidate: Candidate, baseline: BaselineName) -> float | None:
         """The baseline's mean step over the candidate's (None: no such baseline scored)."""
@@ -126,13 +145,20 @@ class Problem:
     spec: SearchSpec
     options: PlanOptions
     split: PipelineSplit = field(default_factory=PipelineSplit)
+    memory: MemorySettings = field(default_factory=MemorySettings)  # the job's memory flags
+    overlap_p2p: bool = False  # the job's overlap_p2p_comm: interleaved p2p posted, waited later
 
     @classmethod
     def of(
         cls, recipe: Recipe, costs: UnitCosts, spec: SearchSpec, options: PlanOptions
     ) -> Problem:
-        """A recipe's problem: its model, parallel sizes and split, so no caller drops one."""
-        return cls(recipe.model, recipe.parallel, costs, spec, options, recipe.split)
+        """A recipe's problem: its model, parallel sizes, split, memory and p2p flags, so no
+        caller drops one."""
+        settings = memory_settings(recipe.megatron_args)
+        overlap = overlap_p2p_comm(recipe.megatron_args)
+        return cls(
+            recipe.model, recipe.parallel, costs, spec, options, recipe.split, settings, overlap
+        )
 
 
 def plan(
@@ -147,20 +173,28 @@ def plan(
     (None: here, one after another).
     """
     model, parallel, costs, spec, options = (
-        problem.model, problem.parallel, problem.costs, problem.spec, problem.options
-    )  # fmt: skip
-    space = LayoutSpace(
-        model.num_layers,
-        model.mtp_num_layers,
-        parallel.pp,
-        parallel.vpp,
+        problem.model,
+        problem.parallel,
+        problem.costs,
+        problem.spec,
+        problem.options,
+    )
+    space = LayoutSpace.of(
+        model,
+        parallel,
         allow_empty_stages=spec.allow_empty_stages,
         allow_standalone_mtp=spec.allow_standalone_mtp,
     )
-    program = compile_schedule(parallel.pp, parallel.vpp, spec.num_microbatches, spec.group_size)
-    cost_model = build_cost_model(model, parallel, costs, spec.num_microbatches, spec.group_size)
+    program = compile_schedule(
+        parallel.pp, parallel.vpp, spec.num_microbatches, spec.group_size, problem.overlap_p2p
+    )
+    cost_model = build_cost_model(
+        model, parallel, costs, spec.num_microbatches, spec.group_size, problem.memory
+    )
     grid_ms = ideal_step_ms(cost_model, space, program) * options.tie_tolerance
     counted = space.count()
+    if counted.total == 0:
+        raise ConfigError(_no_layout_reason(space))
     if spec.allow_empty_stages and counted.total > EMPTY_STAGES_LIMIT:
         raise ConfigError(
             f"with empty stages allowed the planner enumerates every layout, and this space has "
@@ -192,6 +226,7 @@ def plan(
         ties=result.ties,
         bound_reason=result.bound_reason,
         smallest_peak_gib=result.smallest_peak_gib,
+        schedule=program.schedule,
     )
 
 
@@ -203,10 +238,13 @@ def score_given(layout: Layout, problem: Problem) -> Candidate:
 
 def _schedule_for(layout: Layout, problem: Problem) -> tuple[Program, CostModel]:
     run, spec = replace(problem.parallel, vpp=layout.vpp), problem.spec
-    program = compile_schedule(run.pp, run.vpp, spec.num_microbatches, spec.group_size)
-    model = build_cost_model(problem.model, run, problem.costs, spec.num_microbatches,
-                             spec.group_size)  # fmt: skip
-    return program, model
+    program = compile_schedule(
+        run.pp, run.vpp, spec.num_microbatches, spec.group_size, problem.overlap_p2p
+    )
+    cost_model = build_cost_model(
+        problem.model, run, problem.costs, spec.num_microbatches, spec.group_size, problem.memory
+    )
+    return program, cost_model
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class Candidate:
     bottleneck_rank: int
     near_bottleneck: int
     memory_gib: tuple[float, ...]
-    fits: bool
+    fits: bool | None  # None where no HBM limit was given: memory not checked
     mtp_standalone: bool
 
     @property
@@ -88,14 +88,14 @@ def rank_key(candidate: Candidate, grid_ms: float, hbm_gib: float | None) -> tup
 def candidates_of(
     space: LayoutSpace,
     program: Program,
-    model: CostModel,
+    cost_model: CostModel,
     cuts: np.ndarray,
     steps: np.ndarray | None,
     hbm_gib: float | None,
 ) -> list[Candidate]:
     """Candidates of a batch of layouts, scored once (``steps``: their Monte Carlo samples)."""
-    counts = space.unit_counts(cuts, model.units, model.moe_pattern)
-    scores = score(program, model, counts)
+    counts = space.unit_counts(cuts, cost_model.units, cost_model.moe_pattern)
+    scores = score(program, cost_model, counts)
     near, bottleneck = scores.near_bottleneck, scores.bottleneck_rank  # once for the batch
     memory = scores.memory_bytes / GIB
     found = []
@@ -112,7 +112,7 @@ def candidates_of(
                 bottleneck_rank=int(bottleneck[row]),
                 near_bottleneck=int(near[row]),
                 memory_gib=tuple(float(x) for x in memory[row]),
-                fits=hbm_gib is None or float(memory[row].max()) <= hbm_gib,
+                fits=None if hbm_gib is None else float(memory[row].max()) <= hbm_gib,
                 mtp_standalone=bool(scores.standalone[row]),
             )
         )
@@ -122,14 +122,16 @@ def candidates_of(
 def best_of(
     space: LayoutSpace,
     program: Program,
-    model: CostModel,
+    cost_model: CostModel,
     options: PlanOptions,
     classes: Iterable[TieClass],
     grid_ms: float,
 ) -> ShardResult:
     """Every class that can enter the top, ranked: representatives sampled in ascending noise-free
     order until the next cannot beat the ``options.top``-th mean (Jensen's bound)."""
-    normals = standard_normals(program, options.samples, options.seed) if model.has_jitter else None
+    normals = (
+        standard_normals(program, options.samples, options.seed) if cost_model.has_jitter else None
+    )
     pending = iter(classes)
     ranked: list[tuple[tuple, Candidate, int]] = []
     sampled = 0
@@ -148,11 +150,13 @@ def best_of(
         cuts = np.array([tie.cuts for tie in batch], dtype=np.int64).reshape(len(batch), -1)
         steps = None
         if normals is not None:
-            counts = space.unit_counts(cuts, model.units, model.moe_pattern)
-            steps = monte_carlo(program, model, counts, normals)
+            counts = space.unit_counts(cuts, cost_model.units, cost_model.moe_pattern)
+            steps = monte_carlo(program, cost_model, counts, normals)
             sampled += len(batch)
         for tie, candidate in zip(
-            batch, candidates_of(space, program, model, cuts, steps, options.hbm_gib), strict=True
+            batch,
+            candidates_of(space, program, cost_model, cuts, steps, options.hbm_gib),
+            strict=True,
         ):
             ranked.append((rank_key(candidate, grid_ms, options.hbm_gib), candidate, tie.count))
         ranked.sort(key=lambda entry: entry[0])
@@ -173,8 +177,9 @@ def merge(results: list[ShardResult], top: int) -> ShardResult:
     for result in results:
         for key, candidate, count in zip(result.keys, result.candidates, result.ties, strict=True):
             prediction = float(prediction_key(candidate.noise_free_ms))
-            order = tie_break_key(candidate.near_bottleneck, candidate.peak_memory_gib,
-                                  str(candidate.layout))  # fmt: skip
+            order = tie_break_key(
+                candidate.near_bottleneck, candidate.peak_memory_gib, str(candidate.layout)
+            )
             known = by_prediction.get(prediction)
             if known is None:
                 by_prediction[prediction] = (key, candidate, count, order)

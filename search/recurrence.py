@@ -1,12 +1,14 @@
 """The step time as a straight-line max-plus recurrence: the planner's fast evaluator.
 
-With blocking p2p every op's end time is a max of sums of earlier end times: a compute op ends
-its duration after the rank's previous op; a p2p call ends when its last transfer is done, a
-transfer finishing ``link`` after both calls are posted.  The compiled schedule is turned once
-into a list of such instructions in dependency order, and a batch of layouts is evaluated by
-running the list over contiguous (batch,) vectors: no gathers over an (ops x batch) table as in
-``search.simulator``, and only the posted times still to be read are kept.  The result equals
-the plain simulator's exactly (the same additions in the same order; tested on random spaces).
+Every op's end time is a max of sums of earlier end times: a compute op ends its duration after
+the rank's previous op; a p2p call ends when its last transfer is done, a transfer finishing
+``link`` after both calls are posted; with overlapped p2p a post ends at once and a wait when
+its transfer (from its post) is done, or with the rank's previous op.  The compiled schedule is
+turned once into a list of such instructions in dependency order, and a batch of layouts is
+evaluated by running the list over contiguous (batch,) vectors: no gathers over an (ops x batch)
+table as in ``search.simulator``, and only the posted times still to be read are kept.  The
+result equals the plain simulator's exactly (the same additions in the same order; tested on
+random spaces).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Instruction:
     slot: int  # compute: row of the (2S, batch) durations; -1 for a call
     noise_row: int  # compute: its row among the compute ops (per-op noise)
     call: int  # p2p call: its op id, the key of its posted time
+    own: int  # the call whose posted time starts its transfers: itself, or a wait's post
     transfers: tuple[tuple[int, tuple[int, ...]], ...]  # (link, partner calls over that link)
     posts: int  # the op id of the rank's next op if that is a call, else -1
     frees: tuple[int, ...]  # calls whose posted time nobody reads after this op
@@ -34,15 +37,16 @@ class Instruction:
 
 @cache
 def instructions(
-    pp: int, vpp: int, num_microbatches: int, group_size: int
+    pp: int, vpp: int, num_microbatches: int, group_size: int, overlap_p2p: bool = False
 ) -> tuple[tuple[Instruction, ...], tuple[int, ...]]:
     """The program as instructions in dependency order, and the calls posted at time zero."""
-    program = compile_schedule(pp, vpp, num_microbatches, group_size)
+    program = compile_schedule(pp, vpp, num_microbatches, group_size, overlap_p2p)
     following = {int(prev): op for op, prev in enumerate(program.previous) if prev >= 0}
+    posting = ~program.is_compute & (program.own == np.arange(len(program.own)))
     last_read: dict[int, int] = {}
     for position, op in enumerate(program.order):
         if not program.is_compute[op]:
-            last_read[op] = position
+            last_read[int(program.own[op])] = position
             for partner, _ in program.transfers[op]:
                 last_read[partner] = max(last_read.get(partner, -1), position)
     frees: dict[int, list[int]] = {}
@@ -61,14 +65,13 @@ def instructions(
                 slot=int(program.compute_slot[op]),
                 noise_row=int(noise_rows[op]),
                 call=-1 if program.is_compute[op] else op,
+                own=int(program.own[op]),
                 transfers=tuple((link, tuple(p)) for link, p in by_link.items()),
-                posts=after if after is not None and not program.is_compute[after] else -1,
+                posts=after if after is not None and posting[after] else -1,
                 frees=tuple(frees.get(position, ())),
             )
         )
-    first_calls = tuple(
-        op for op, prev in enumerate(program.previous) if prev < 0 and not program.is_compute[op]
-    )
+    first_calls = tuple(op for op, prev in enumerate(program.previous) if prev < 0 and posting[op])
     return tuple(code), first_calls
 
 
@@ -84,7 +87,7 @@ def finish_times(
     or (PP, batch) per boundary; ``noise``: optional (compute ops, batch) multipliers.
     """
     code, first_calls = instructions(
-        program.pp, program.vpp, program.num_microbatches, program.group_size
+        program.pp, program.vpp, program.num_microbatches, program.group_size, program.overlap_p2p
     )
     zero = np.zeros(durations.shape[1])
     links = list(np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1))
@@ -98,7 +101,7 @@ def finish_times(
                 duration = duration * noise[op.noise_row]
             done = clock[op.rank] + duration
         else:
-            own = posted[op.call]
+            own = posted[op.own]
             done = None
             for link, partners in op.transfers:
                 ready = np.maximum(own, posted[partners[0]])
@@ -106,6 +109,10 @@ def finish_times(
                     np.maximum(ready, posted[partner], out=ready)
                 ready += links[link]
                 done = ready if done is None else np.maximum(done, ready, out=done)
+            if op.own != op.call:  # a wait ends no sooner than the rank's previous op
+                done = np.maximum(done, clock[op.rank], out=done)
+            elif done is None:  # a post takes no time
+                done = clock[op.rank]
         clock[op.rank] = done
         if op.posts >= 0:
             posted[op.posts] = done

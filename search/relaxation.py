@@ -123,8 +123,9 @@ def _polytope(space: LayoutSpace, sums: ItemSums) -> _Polytope:
     bounds[var(0, 0)] = (1.0, float(sizes[0]))  # E opens stage 0
     if mtp_item is not None:
         mtp_run = int(np.searchsorted(first_item, mtp_item))
-        last_free = space.num_stages - 1 if not space.allow_standalone_mtp else (
-            (space.vpp - 1) * space.pp)  # fmt: skip
+        last_free = (
+            space.num_stages - 1 if not space.allow_standalone_mtp else ((space.vpp - 1) * space.pp)
+        )
         for k in range(min(last_free, cuts)):
             bounds[var(mtp_run, k)] = (0.0, 0.0)
     bounds[var(runs - 1, cuts - 1)] = (0.0, 0.0)  # L closes the last stage
@@ -141,8 +142,11 @@ def _contents(polytope: _Polytope, below: np.ndarray, stages: int) -> np.ndarray
 def _path_row(polytope: _Polytope, cut: PathCut, stages: int) -> tuple[np.ndarray, float]:
     """The path's constraint ``length <= theta`` as a row over (below, theta)."""
     # per (run, stage): the path's ms per item of the run in the stage
-    weight = (polytope.per_item[:, :1] * cut.forward + polytope.per_item[:, 1:2] * cut.backward
-              + polytope.per_item[:, 2:] * cut.tail)  # fmt: skip
+    weight = (
+        polytope.per_item[:, :1] * cut.forward
+        + polytope.per_item[:, 1:2] * cut.backward
+        + polytope.per_item[:, 2:] * cut.tail
+    )
     # contents[g, s] = below[g, s] - below[g, s - 1] (with below[g, S-1] = size): telescoped
     coefficients = weight[:, :-1] - weight[:, 1:]
     constant = float(polytope.sizes @ weight[:, -1]) + cut.constant_ms
@@ -200,10 +204,14 @@ def relax(
     lp, upper, center, mixed, done = -np.inf, np.inf, None, None, 0
     for count in range(1, rounds + 1):
         done = count
-        solution = linprog(objective, A_ub=np.vstack([structure, *(rows[i] for i in active)]),
-                           b_ub=np.concatenate([limits, [constants[i] for i in active]]),
-                           bounds=polytope.bounds, method="highs-ds",
-                           options={"presolve": False})  # fmt: skip
+        solution = linprog(
+            objective,
+            A_ub=np.vstack([structure, *(rows[i] for i in active)]),
+            b_ub=np.concatenate([limits, [constants[i] for i in active]]),
+            bounds=polytope.bounds,
+            method="highs-ds",
+            options={"presolve": False},
+        )
         if solution.status != 0:
             break
         point, theta = solution.x[:-1], float(solution.x[-1])
@@ -228,8 +236,10 @@ def relax(
             break
         active += sorted(joining)
         if clock is not None:
-            line = (f"exact search, LP relaxation round {done}, {len(paths)} schedule paths, "
-                    f"no layout faster than {lp:,.1f} ms")  # fmt: skip
+            line = (
+                f"exact search, LP relaxation round {done}, {len(paths)} schedule paths, "
+                f"no layout faster than {lp:,.1f} ms"
+            )
             clock.tick(lambda line=line: line)
     converged = upper <= lp * (1 + TOLERANCE)
     if mixed is None:
@@ -237,7 +247,8 @@ def relax(
     # the bound is the mixed path's own least length over the layouts, not the LP's theta:
     # valid for any weights, whatever the solver's tolerances
     mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
-    least = least_completions(mixed, sums, mtp_item, space.allow_standalone_mtp,
-                              (space.vpp - 1) * pp)  # fmt: skip
+    least = least_completions(
+        mixed, sums, mtp_item, space.allow_standalone_mtp, (space.vpp - 1) * pp
+    )
     bound = float(least[0, 0]) + mixed.constant_ms
     return Relaxation(bound, lp, upper, mixed, len(paths), done, converged)

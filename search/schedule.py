@@ -1,11 +1,12 @@
-"""Megatron's pipeline schedules, simulated: 1F1B and interleaved, with blocking p2p.
+"""Megatron's pipeline schedules, simulated: 1F1B, and interleaved with blocking or overlapped p2p.
 
 Two steps, so that the expensive one runs once:
 
 1. :func:`compile_schedule` turns (PP, VPP, micro-batches, group size) into a *program*: every
    rank's forward/backward computations and batched p2p calls in the order Megatron issues them
    (``schedules.py``, ``forward_backward_pipelining_without_interleaving`` and ``..._with_
-   interleaving`` with ``overlap_p2p_comm`` off), each send paired with the receive it meets
+   interleaving`` with ``overlap_p2p_comm`` off; on, ``search.overlap``: calls that only post
+   their transfers, and waits), each send paired with the receive it meets
    (NCCL matches the k-th send from a rank to a peer with the k-th receive posted there), and a
    topological order of all of it.  Nothing here depends on the layout.
 2. ``search.simulator`` (the plain simulator, with timelines) and ``search.recurrence`` (the
@@ -17,12 +18,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cache
 
 import numpy as np
 
 FORWARD, BACKWARD = "F", "B"
-SEND_NEXT, SEND_PREV, RECV_PREV, RECV_NEXT = "send_next", "send_prev", "recv_prev", "recv_next"
+ONE_F_ONE_B, INTERLEAVED, INTERLEAVED_OVERLAP_P2P = "1f1b", "interleaved", "interleaved-overlap-p2p"
+
+
+class Transfer(StrEnum):
+    """One direction of a p2p call's traffic, named as Megatron's ``_communicate`` arguments."""
+
+    SEND_NEXT = "send_next"
+    SEND_PREV = "send_prev"
+    RECV_PREV = "recv_prev"
+    RECV_NEXT = "recv_next"
 
 
 @dataclass(frozen=True)
@@ -36,30 +47,55 @@ class Compute:
 
 @dataclass(frozen=True)
 class P2PCall:
-    """One batched p2p call of a rank; ``transfers`` lists its sends and receives."""
+    """One p2p call of a rank; ``transfers`` lists its sends and receives.  A blocking call
+    returns when they are done; with ``overlap_p2p_comm`` a call may only post them, and a
+    :class:`Wait` later waits for each."""
 
     name: str  # Megatron's function, e.g. send_forward_recv_backward
     transfers: tuple[str, ...]
+    blocking: bool = True
 
 
-Op = Compute | P2PCall
+@dataclass(frozen=True)
+class Wait:
+    """A rank waits for a transfer it posted: the ``post``-th non-blocking one of its kind."""
+
+    transfer: str
+    post: int
+
+
+Op = Compute | P2PCall | Wait
 
 
 def _check_sizes(pp: int, vpp: int, num_microbatches: int, group_size: int) -> None:
+    """megatron-core's own rules of the interleaved schedule (``forward_backward_pipelining_
+    with_interleaving``), checked before any op is built, with its reasons."""
     if pp < 1 or vpp < 1 or num_microbatches < 1:
         raise ValueError(f"PP, VPP and micro-batches must be >= 1 ({pp=}, {vpp=})")
-    if vpp > 1:
-        if pp < 2:
-            raise ValueError("the interleaved schedule needs PP > 1")
-        if group_size < pp:
-            raise ValueError(f"micro-batch group size {group_size} must be >= PP={pp}")
-        if num_microbatches < pp or (
-            num_microbatches % group_size and num_microbatches < group_size
-        ):
-            raise ValueError(f"interleaving needs micro-batches ({num_microbatches}) >= PP ({pp})")
+    if vpp == 1:
+        return
+    if pp < 2:
+        raise ValueError("the interleaved schedule needs PP > 1")
+    if num_microbatches < pp:
+        raise ValueError(f"interleaving needs micro-batches ({num_microbatches}) >= PP ({pp})")
+    if not pp <= group_size <= num_microbatches:
+        raise ValueError(
+            f"the micro-batch group of the interleaved schedule ({group_size}, "
+            f"--microbatch-group-size-per-virtual-pipeline-stage) must lie in "
+            f"[PP={pp}, micro-batches={num_microbatches}]"
+        )
+    remainder = num_microbatches % group_size
+    if 0 < remainder < pp:
+        raise ValueError(
+            f"{num_microbatches} micro-batches in groups of {group_size} leave {remainder}, "
+            f"fewer than PP={pp}: Megatron requires the remainder to be 0 or >= PP (a smaller "
+            "last group stalls the pipeline); give a multiple of the group size"
+        )
 
 
-def _call(name: str, *transfers: str | None) -> P2PCall | None:
+def p2p_call(name: str, *transfers: str | None) -> P2PCall | None:
+    """Megatron's p2p call ``name`` moving ``transfers`` (None: a direction it leaves out); no
+    op where it moves nothing, since such a call takes no time in the simulation."""
     kept = tuple(t for t in transfers if t)
     return P2PCall(name, kept) if kept else None
 
@@ -72,142 +108,62 @@ def one_f_one_b_ops(pp: int, rank: int, num_microbatches: int) -> list[Op]:
     ops: list[Op | None] = []
     for i in range(warmup):
         ops += [
-            _call("recv_forward", None if first else RECV_PREV),
+            p2p_call("recv_forward", None if first else Transfer.RECV_PREV),
             Compute(FORWARD, i, 0),
-            _call("send_forward", None if last else SEND_NEXT),
+            p2p_call("send_forward", None if last else Transfer.SEND_NEXT),
         ]
     if remaining:
-        ops.append(_call("recv_forward", None if first else RECV_PREV))
+        ops.append(p2p_call("recv_forward", None if first else Transfer.RECV_PREV))
     for i in range(remaining):
         ops += [
             Compute(FORWARD, warmup + i, 0),
-            _call("send_forward_recv_backward", *(() if last else (SEND_NEXT, RECV_NEXT))),
+            p2p_call(
+                "send_forward_recv_backward",
+                *(() if last else (Transfer.SEND_NEXT, Transfer.RECV_NEXT)),
+            ),
             Compute(BACKWARD, i, 0),
         ]
         if i == remaining - 1:
-            ops.append(_call("send_backward", None if first else SEND_PREV))
+            ops.append(p2p_call("send_backward", None if first else Transfer.SEND_PREV))
         else:
             ops.append(
-                _call("send_backward_recv_forward", *(() if first else (SEND_PREV, RECV_PREV)))
+                p2p_call(
+                    "send_backward_recv_forward",
+                    *(() if first else (Transfer.SEND_PREV, Transfer.RECV_PREV)),
+                )
             )
     for i in range(warmup):
         ops += [
-            _call("recv_backward", None if last else RECV_NEXT),
+            p2p_call("recv_backward", None if last else Transfer.RECV_NEXT),
             Compute(BACKWARD, remaining + i, 0),
-            _call("send_backward", None if first else SEND_PREV),
+            p2p_call("send_backward", None if first else Transfer.SEND_PREV),
         ]
     return [op for op in ops if op is not None]
 
 
-@cache
-def schedule_table(num_microbatches: int, vpp: int, group_size: int) -> tuple[tuple[int, int], ...]:
-    """(micro-batch, chunk) of each forward in order: for each group of ``group_size``
-    micro-batches, every chunk in turn (``schedules.get_schedule_table``)."""
-    table = []
-    for start in range(0, num_microbatches, group_size):
-        end = num_microbatches if start + group_size >= num_microbatches else start + group_size
-        table += [(mb, chunk) for chunk in range(vpp) for mb in range(start, end)]
-    return tuple(table)
+def rank_ops(
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    group_size: int | None = None,
+    overlap_p2p: bool = False,
+):
+    """Every rank's op list in Megatron's order; ``overlap_p2p`` (``overlap_p2p_comm``) applies
+    to the interleaved schedule only, as in Megatron (1F1B always blocks)."""
+    from search.interleaved import interleaved_ops  # both build on this module's vocabulary
+    from search.overlap import interleaved_overlap_ops
 
-
-def interleaved_warmup(pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int):
-    """(warm-up forwards, all forwards in warm-up) of ``get_pp_rank_microbatches``."""
-    total = num_microbatches * vpp
-    warmup = (pp - rank - 1) * 2 + (vpp - 1) * group_size
-    return (total, True) if warmup >= total else (warmup, False)
-
-
-def interleaved_ops(
-    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int
-) -> list[Op]:
-    """``forward_backward_pipelining_with_interleaving`` (no p2p overlap) for one rank."""
-    total = num_microbatches * vpp
-    table = schedule_table(num_microbatches, vpp, group_size)
-    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size)
-    remaining = total - warmup
-    first, last = rank == 0, rank == pp - 1
-
-    def chunk_of(virtual: int, forward: bool) -> int:
-        chunk = table[virtual % total][1]
-        return chunk if forward else vpp - 1 - chunk
-
-    def receives(virtual: int, forward: bool) -> bool:
-        """``recv_tensor_from_previous_stage``: does the next item of this direction arrive?"""
-        leading = first if forward else last
-        if not leading:
-            return True
-        if virtual < pp - 1:  # the ending stage has produced nothing yet
-            return False
-        return chunk_of(virtual - (pp - 1), forward) != (vpp - 1 if forward else 0)
-
-    def forward(virtual: int) -> tuple[Compute, str | None]:
-        chunk = chunk_of(virtual, True)
-        sends = None if (last and chunk == vpp - 1) else SEND_NEXT
-        return Compute(FORWARD, table[virtual][0], chunk), sends
-
-    def backward(virtual: int) -> tuple[Compute, str | None]:
-        chunk = chunk_of(virtual, False)
-        sends = None if (first and chunk == 0) else SEND_PREV
-        return Compute(BACKWARD, table[virtual % total][0], chunk), sends
-
-    ops: list[Op | None] = [_call("recv_forward", None if first else RECV_PREV)]
-    for k in range(warmup):
-        compute, send_next = forward(k)
-        recv_prev = receives(k, True) and k != total - 1
-        ops.append(compute)
-        if k == warmup - 1 and not all_warmup:
-            recv_next = not last
-            ops.append(
-                _call(
-                    "send_forward_backward_recv_forward_backward",
-                    send_next,
-                    RECV_PREV if recv_prev else None,
-                    RECV_NEXT if recv_next else None,
-                )
-            )
-        else:
-            ops.append(
-                _call("send_forward_recv_forward", send_next, RECV_PREV if recv_prev else None)
-            )
-    for k in range(remaining):
-        f_compute, send_next = forward(k + warmup)
-        b_compute, send_prev = backward(k)
-        recv_prev = receives(k + warmup, True) and k != remaining - 1
-        recv_next = receives(k, False)
-        ops += [
-            f_compute,
-            b_compute,
-            _call(
-                "send_forward_backward_recv_forward_backward",
-                send_next,
-                send_prev,
-                RECV_PREV if recv_prev else None,
-                RECV_NEXT if recv_next else None,
-            ),
-        ]
-    if all_warmup:
-        ops.append(_call("recv_backward", None if last else RECV_NEXT))
-    for k in range(remaining, total):
-        compute, send_prev = backward(k)
-        recv_next = receives(k, False) and k != total - 1
-        ops += [
-            compute,
-            _call("send_backward_recv_backward", send_prev, RECV_NEXT if recv_next else None),
-        ]
-    return [op for op in ops if op is not None]
-
-
-def rank_ops(pp: int, vpp: int, num_microbatches: int, group_size: int | None = None):
-    """Every rank's op list in Megatron's order."""
     group_size = group_size or pp
     _check_sizes(pp, vpp, num_microbatches, group_size)
     if vpp == 1:
         return [one_f_one_b_ops(pp, rank, num_microbatches) for rank in range(pp)]
-    return [interleaved_ops(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp)]
+    ops_of = interleaved_overlap_ops if overlap_p2p else interleaved_ops
+    return [ops_of(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp)]
 
 
 def compute_order(pp: int, vpp: int, num_microbatches: int, group_size: int | None = None):
-    """Per rank, the forward/backward computations alone, in order."""
+    """Per rank, the forward/backward computations alone, in order (the same in both p2p
+    modes)."""
     return [
         [op for op in ops if isinstance(op, Compute)]
         for ops in rank_ops(pp, vpp, num_microbatches, group_size)
@@ -222,8 +178,9 @@ class Wave:
     compute_previous: np.ndarray
     compute_slot: np.ndarray  # stage slot: chunk*PP + rank, + stages for a backward
     compute_index: np.ndarray  # position among compute ops (for per-op noise)
-    calls: np.ndarray  # p2p call op ids
+    calls: np.ndarray  # p2p call and wait op ids
     call_previous: np.ndarray
+    own_previous: np.ndarray  # previous op of the call that posted its transfers (a wait's post)
     partner_previous: np.ndarray  # (calls, 4): previous op of each partner call (self-padded)
     links: np.ndarray  # (calls, 4): boundary rank of each transfer, PP (free) as padding
 
@@ -236,12 +193,14 @@ class Program:
     vpp: int
     num_microbatches: int
     group_size: int  # micro-batches per group of the interleaved schedule (PP by default)
+    overlap_p2p: bool  # the interleaved schedule's p2p calls post early and are waited later
     order: tuple[int, ...]  # op ids in an order where every dependency comes first
     rank: np.ndarray  # op id -> PP rank
     previous: np.ndarray  # op id -> previous op on the same rank, -1 for the first
     is_compute: np.ndarray
     compute_slot: np.ndarray  # op id -> (rank, chunk, F/B) slot: chunk*PP+rank, +S for backward
     transfers: tuple[tuple[tuple[int, int], ...], ...]  # op id -> ((partner op, link rank), ...)
+    own: np.ndarray  # op id -> the call that posts its transfers: itself, or a wait's post
     last_op: np.ndarray  # rank -> its last op id
     waves: tuple[Wave, ...] = field(repr=False)
     ops: tuple[Op, ...] = field(repr=False)
@@ -249,6 +208,13 @@ class Program:
     @property
     def num_stages(self) -> int:
         return self.pp * self.vpp
+
+    @property
+    def schedule(self) -> str:
+        """The schedule's name in reports and ``plan --json``."""
+        if self.vpp == 1:
+            return ONE_F_ONE_B
+        return INTERLEAVED_OVERLAP_P2P if self.overlap_p2p else INTERLEAVED
 
     @property
     def num_compute(self) -> int:
@@ -262,15 +228,18 @@ def _waves(
     order: Sequence[int],
     previous: np.ndarray,
     transfers: Sequence[tuple[tuple[int, int], ...]],
+    own: np.ndarray,
     is_compute: np.ndarray,
     slots: np.ndarray,
     pp: int,
 ) -> tuple[Wave, ...]:
     """Group ops by dependency depth: an op waits for its rank's previous op and for the
-    previous op of each partner call (the partner's post time), never for the partner itself."""
+    previous op of each partner call (the partner's post time), never for the partner itself;
+    a wait also for its own post's."""
     depth = np.zeros(len(previous), dtype=int)
     for op_id in order:
-        needs = [previous[op_id]] + [previous[partner] for partner, _ in transfers[op_id]]
+        needs = [previous[op_id], previous[own[op_id]]]
+        needs += [previous[partner] for partner, _ in transfers[op_id]]
         depth[op_id] = 1 + max((depth[n] for n in needs if n >= 0), default=-1)
     compute_index = np.cumsum(is_compute) - 1
     waves = []
@@ -293,6 +262,7 @@ def _waves(
                 compute_index=compute_index[compute],
                 calls=calls,
                 call_previous=previous[calls],
+                own_previous=previous[own[calls]],
                 partner_previous=partner_previous,
                 links=links,
             )
@@ -300,18 +270,29 @@ def _waves(
     return tuple(waves)
 
 
-_PARTNER = {SEND_NEXT: RECV_PREV, RECV_PREV: SEND_NEXT, SEND_PREV: RECV_NEXT, RECV_NEXT: SEND_PREV}
+_PARTNER = {
+    Transfer.SEND_NEXT: Transfer.RECV_PREV,
+    Transfer.RECV_PREV: Transfer.SEND_NEXT,
+    Transfer.SEND_PREV: Transfer.RECV_NEXT,
+    Transfer.RECV_NEXT: Transfer.SEND_PREV,
+}
 
 
 @cache
 def compile_schedule(
-    pp: int, vpp: int, num_microbatches: int, group_size: int | None = None
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    group_size: int | None = None,
+    overlap_p2p: bool = False,
 ) -> Program:
     """Pair every transfer with its partner call and order all ops so dependencies come first.
+    A non-blocking call takes no time; each :class:`Wait` carries its post's transfer.
 
     Raises ``RuntimeError`` if the calls deadlock, which would mean the op lists are wrong.
     """
-    per_rank = rank_ops(pp, vpp, num_microbatches, group_size)
+    overlap_p2p = overlap_p2p and vpp > 1
+    per_rank = rank_ops(pp, vpp, num_microbatches, group_size, overlap_p2p)
     ops: list[Op] = []
     rank_of: list[int] = []
     ids: list[list[int]] = []
@@ -319,6 +300,12 @@ def compile_schedule(
         ids.append(list(range(len(ops), len(ops) + len(rank_list))))
         ops += rank_list
         rank_of += [rank] * len(rank_list)
+
+    def op_of(op_id: int) -> P2PCall:
+        call = ops[op_id]
+        assert isinstance(call, P2PCall)
+        return call
+
     # FIFO queues per (rank, transfer kind) to pair the k-th send with the k-th receive.
     queues: dict[tuple[int, str], list[int]] = {}
     for op_id, op in enumerate(ops):
@@ -332,14 +319,30 @@ def compile_schedule(
         rank = rank_of[op_id]
         paired = []
         for transfer in op.transfers:
-            peer = (rank + 1) % pp if transfer in (SEND_NEXT, RECV_NEXT) else (rank - 1) % pp
+            peer = (
+                (rank + 1) % pp
+                if transfer in (Transfer.SEND_NEXT, Transfer.RECV_NEXT)
+                else (rank - 1) % pp
+            )
             mine = queues[(rank, transfer)].index(op_id)
             theirs = queues.get((peer, _PARTNER[transfer]), [])
             if mine >= len(theirs):
                 raise RuntimeError(f"rank {rank} {transfer} #{mine} has no partner on rank {peer}")
-            link = rank if transfer in (SEND_NEXT, RECV_NEXT) else peer  # boundary peer->peer+1
+            link = (
+                rank if transfer in (Transfer.SEND_NEXT, Transfer.RECV_NEXT) else peer
+            )  # boundary peer->peer+1
             paired.append((theirs[mine], link))
         transfers[op_id] = tuple(paired)
+    own = np.arange(len(ops))
+    posted = {key: [i for i in ids if op_of(i).blocking is False] for key, ids in queues.items()}
+    for op_id, op in enumerate(ops):
+        if isinstance(op, Wait):
+            post = posted[(rank_of[op_id], op.transfer)][op.post]
+            own[op_id] = post
+            transfers[op_id] = (transfers[post][op_of(post).transfers.index(op.transfer)],)
+    for key_ids in posted.values():  # a post takes no time: its transfers end at its waits
+        for post in key_ids:
+            transfers[post] = ()
     position = {op_id: index for rank_ids in ids for index, op_id in enumerate(rank_ids)}
     pointer = [0] * pp
     order: list[int] = []
@@ -373,13 +376,15 @@ def compile_schedule(
         vpp=vpp,
         num_microbatches=num_microbatches,
         group_size=group_size or pp,
+        overlap_p2p=overlap_p2p,
         order=tuple(order),
         rank=np.array(rank_of),
         previous=previous,
         is_compute=is_compute,
         compute_slot=slots,
         transfers=tuple(transfers),
+        own=own,
         last_op=np.array([rank_ids[-1] for rank_ids in ids]),
-        waves=_waves(order, previous, transfers, is_compute, slots, pp),
+        waves=_waves(order, previous, transfers, own, is_compute, slots, pp),
         ops=tuple(ops),
     )

@@ -35,7 +35,7 @@ class ShardTask:
 
     space: LayoutSpace
     program: Program
-    model: CostModel
+    cost_model: CostModel
     options: PlanOptions
     grid_ms: float
     method: str  # ENUMERATION or EXACT
@@ -48,15 +48,23 @@ class ShardTask:
 def run_shard(task: ShardTask, progress: Callable[[str], None] | None = None) -> ShardResult:
     """The shard's ranked candidates (the function a ``map_shards`` maps over tasks)."""
     if task.method == ENUMERATION:
-        return evaluate_shard(task.space, task.program, task.model, task.options, task.grid_ms,
-                              task.shard, task.num_shards, progress)  # fmt: skip
+        return evaluate_shard(
+            task.space,
+            task.program,
+            task.cost_model,
+            task.options,
+            task.grid_ms,
+            task.shard,
+            task.num_shards,
+            progress,
+        )
     return exact_shard(task, progress)
 
 
 def evaluate_shard(
     space: LayoutSpace,
     program: Program,
-    model: CostModel,
+    cost_model: CostModel,
     options: PlanOptions,
     grid_ms: float,
     shard: int = 0,
@@ -71,7 +79,9 @@ def evaluate_shard(
     total = space.count().total
     blocks = itertools.islice(space.cut_blocks(options.block_size), shard, None, num_shards)
     for cuts in blocks:
-        scores = score(program, model, space.unit_counts(cuts, model.units, model.moe_pattern))
+        scores = score(
+            program, cost_model, space.unit_counts(cuts, cost_model.units, cost_model.moe_pattern)
+        )
         scored += len(cuts)
         if len(cuts):
             smallest_peak = min(smallest_peak, float(scores.peak_memory_bytes.min()) / GIB)
@@ -79,15 +89,21 @@ def evaluate_shard(
         if options.hbm_gib is not None:
             fits = scores.peak_memory_bytes <= options.hbm_gib * GIB
             rejected += int((~fits).sum())
-        kept.append((scores.noise_free_ms[fits], critical_ranks(scores.rank_load_ms[fits]),
-                     scores.peak_memory_bytes[fits], cuts[fits]))  # fmt: skip
+        kept.append(
+            (
+                scores.noise_free_ms[fits],
+                critical_ranks(scores.rank_load_ms[fits]),
+                scores.peak_memory_bytes[fits],
+                cuts[fits],
+            )
+        )
         done = scored
         clock.tick(lambda done=done: f"enumeration, {done:,} of {total:,} layouts simulated")
     if not kept or not sum(len(part[0]) for part in kept):
         return ShardResult((), scored, 0, rejected, smallest_peak_gib=smallest_peak)
     steps, critical, peak, cuts = (np.concatenate(column) for column in zip(*kept, strict=True))
     classes = iter_tie_classes(steps, critical, peak, cuts, space.layout_string)
-    result = best_of(space, program, model, options, classes, grid_ms)
+    result = best_of(space, program, cost_model, options, classes, grid_ms)
     return replace(result, scored=scored, rejected_memory=rejected, smallest_peak_gib=smallest_peak)
 
 
@@ -97,11 +113,19 @@ def exact_shard(task: ShardTask, progress: Callable[[str], None] | None = None) 
     started = time.monotonic()
 
     def search(top: int, time_limit_s: float, relaxation=None) -> ExactResult:
-        return exact_search(task.space, task.program, model=task.model, top=top,
-                            hbm_gib=task.options.hbm_gib,
-                            node_limit=task.node_limit, time_limit_s=time_limit_s,
-                            shard=task.shard, num_shards=task.num_shards, progress=progress,
-                            relaxation=relaxation)  # fmt: skip
+        return exact_search(
+            task.space,
+            task.program,
+            cost_model=task.cost_model,
+            top=top,
+            hbm_gib=task.options.hbm_gib,
+            node_limit=task.node_limit,
+            time_limit_s=time_limit_s,
+            shard=task.shard,
+            num_shards=task.num_shards,
+            progress=progress,
+            relaxation=relaxation,
+        )
 
     passes = [search(1, task.time_limit_s)]
     remaining = task.time_limit_s - (time.monotonic() - started)
@@ -113,7 +137,7 @@ def exact_shard(task: ShardTask, progress: Callable[[str], None] | None = None) 
             if tie.step_ms not in classes or tie.count > classes[tie.step_ms].count:
                 classes[tie.step_ms] = tie
     ranked = [classes[value] for value in sorted(classes)]
-    result = best_of(task.space, task.program, task.model, task.options, ranked, task.grid_ms)
+    result = best_of(task.space, task.program, task.cost_model, task.options, ranked, task.grid_ms)
     sampled = {float(prediction_key(c.noise_free_ms)) for c in result.candidates}
     unlisted = [tie.step_ms for tie in ranked if tie.step_ms not in sampled]
     proving = max(passes, key=lambda found: found.proven_bound_ms)

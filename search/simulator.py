@@ -1,8 +1,10 @@
 """The plain simulator: a compiled schedule evaluated wave by wave, with timelines.
 
-A compute op ends ``duration`` after the rank's previous op; a p2p call ends when every transfer
-in it is done, a transfer starting when both its calls have been posted (a combined send/receive
-completes only when both partners reach it).  The step then adds each rank's tail: data-parallel
+A compute op ends ``duration`` after the rank's previous op; a blocking p2p call ends when every
+transfer in it is done, a transfer starting when both its calls have been posted (a combined
+send/receive completes only when both partners reach it).  With overlapped p2p a call that only
+posts takes no time, and a wait ends when its transfer does (started at its post) or at once if
+that is done already.  The step then adds each rank's tail: data-parallel
 gradient sync and the optimizer step.  This is the reference every faster path
 (``search.recurrence``, the bounds of ``search.exact``) is tested against.
 """
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search.schedule import Compute, Program
+from search.schedule import Compute, Program, Wait
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,9 @@ def simulate(
     batch = forward_ms.shape[1]
     durations = np.concatenate([forward_ms, backward_ms])  # slot -> duration
     links = np.zeros((program.pp + 1, batch))  # the extra row is the free padding link
-    links[:-1] = np.broadcast_to(np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1),
-                                 (program.pp, batch))  # fmt: skip
+    links[:-1] = np.broadcast_to(
+        np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1), (program.pp, batch)
+    )
     count = len(program.ops)
     end = np.zeros((count + 1, batch))  # row -1 stays zero: "posted at time 0"
     start = np.zeros((count + 1, batch)) if keep_events else None
@@ -78,9 +81,10 @@ def simulate(
                 start[wave.compute] = posted
         if len(wave.calls):
             posted = end[wave.call_previous]
+            own_posted = end[wave.own_previous]  # a wait's transfer started at its post
             partner_posted = end[wave.partner_previous]  # (calls, 4, batch)
-            done = np.maximum(posted[:, None], partner_posted) + links[wave.links]
-            end[wave.calls] = done.max(axis=1)
+            done = np.maximum(own_posted[:, None], partner_posted) + links[wave.links]
+            end[wave.calls] = np.maximum(posted, done.max(axis=1))
             if start is not None:
                 start[wave.calls] = posted
     compute_rank = program.rank[program.is_compute]
@@ -122,8 +126,10 @@ def timeline(program: Program, times: StepTimes, column: int = 0) -> list[Event]
     for op_id, op in enumerate(program.ops):
         if isinstance(op, Compute):
             label = f"{op.kind}{op.microbatch}" + (f".{op.chunk}" if program.vpp > 1 else "")
+        elif isinstance(op, Wait):
+            label = f"wait_{op.transfer}"
         else:
-            label = op.name
+            label = op.name if op.blocking else f"post_{op.name}"
         events.append(
             Event(
                 rank=int(program.rank[op_id]),

@@ -20,6 +20,7 @@ import numpy as np
 
 from ray_layout.errors import LayoutError
 from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, format_stages
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,25 @@ class LayoutSpace:
     allow_empty_stages: bool = False
     allow_standalone_mtp: bool = False
     require_placement: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelSpec,
+        parallel: ParallelConfig,
+        *,
+        allow_empty_stages: bool = False,
+        allow_standalone_mtp: bool = False,
+    ) -> LayoutSpace:
+        """The layouts of ``model`` on ``parallel``'s PP x VPP."""
+        return cls(
+            model.num_layers,
+            model.mtp_num_layers,
+            parallel.pp,
+            parallel.vpp,
+            allow_empty_stages=allow_empty_stages,
+            allow_standalone_mtp=allow_standalone_mtp,
+        )
 
     def __post_init__(self) -> None:
         if self.num_layers < 0 or self.mtp_num_layers < 0:
@@ -79,8 +99,15 @@ class LayoutSpace:
         the layout's cut points in it: stage boundaries in items, the MTP block one item."""
         flat = layout.flat
         mtp = flat.count(MTP)
-        space = cls(flat.count(DECODER), mtp, layout.pp, layout.vpp, allow_empty_stages=True,
-                    allow_standalone_mtp=True, require_placement=False)  # fmt: skip
+        space = cls(
+            flat.count(DECODER),
+            mtp,
+            layout.pp,
+            layout.vpp,
+            allow_empty_stages=True,
+            allow_standalone_mtp=True,
+            require_placement=False,
+        )
         bounds = np.cumsum([len(s) for s in layout.stages])[:-1]
         mtp_start = flat.find(MTP) if mtp else len(flat)
         cuts = [b if b <= mtp_start else b - mtp + 1 for b in bounds]

@@ -1,8 +1,8 @@
 """Shared fixtures: one simulated multi-node Ray cluster for the whole test session.
 
 Every test that needs that cluster, or starts its own Ray head or emulated Megatron ranks, is an
-end-to-end test and is marked ``slow``: ``pytest -m "not slow"`` is the quick loop (seconds),
-``make test`` runs everything.
+end-to-end test and is marked ``slow``: ``pytest -m "not slow"`` is the quick loop (about 2
+minutes), ``make test`` runs everything.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-NODES, GPUS_PER_NODE = 3, 4
+from tests.helpers.cluster import GPUS_PER_NODE, NODES
+
 # Fixtures that start real processes: a test using one is end-to-end.
 END_TO_END_FIXTURES = frozenset({"ray_cluster", "ray_head", "ranks"})
 

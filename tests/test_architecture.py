@@ -10,7 +10,7 @@ function counts as much as one at the top of a module.
     ray_layout.runtime     Ray placement, rank actors, runs on the cluster
     ray_layout.ab          A/B statistics and the live A/B
     ray_layout.report      the tune's report
-    ray_layout.driver      the tune loop
+    ray_layout.tuning      the tune loop
     ray_layout.commands    the command line (and the entry modules above it)
 """
 
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT
+
 PACKAGES = ("ray_layout", "search", "launchers")
 
 LAYERS = (
@@ -33,7 +34,7 @@ LAYERS = (
     "ray_layout.runtime",
     "ray_layout.ab",
     "ray_layout.report",
-    "ray_layout.driver",
+    "ray_layout.tuning",
     "ray_layout.commands",
     "ray_layout.tune",
     "ray_layout.__main__",
@@ -119,7 +120,87 @@ def test_no_module_over_the_line_limit(module):
 def test_the_contract_catches_an_upward_import(tmp_path):
     """The checker itself can fail: a model module importing the driver is found."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from ray_layout.driver.tune import main\n")
+    bad.write_text("def f():\n    from ray_layout.tuning.loop import main\n")
     names = _imports(bad, "ray_layout.model.bad")
-    assert _layer("ray_layout.driver.tune") > _layer("ray_layout.model.bad")
-    assert "ray_layout.driver.tune" in names
+    assert _layer("ray_layout.tuning.loop") > _layer("ray_layout.model.bad")
+    assert "ray_layout.tuning.loop" in names
+
+
+# Modules without a test file of their own, each with the test that covers it instead.
+UNTESTED_ALONE: dict[str, str] = {
+    "ray_layout.__main__": "the two-line `python -m ray_layout` entry; tests/commands/test_main.py",
+}
+# Two entry points keep their names: `python -m ray_layout.tune` is the documented tune command.
+SHARED_BASENAMES = {"tune.py": {"ray_layout/tune.py", "ray_layout/commands/tune.py"}}
+
+
+def _test_file(module: str) -> Path:
+    """ray_layout.model.layout -> tests/model/test_layout.py; search.exact ->
+    tests/search/test_exact.py: the test tree mirrors the package tree."""
+    parts = module.split(".")
+    if parts[0] == "ray_layout":
+        parts = parts[1:]
+    return ROOT / "tests" / Path(*parts[:-1]) / f"test_{parts[-1]}.py"
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m, path in _modules().items() if path.name != "__init__.py")
+)
+def test_each_module_has_its_test_file(module):
+    if module in UNTESTED_ALONE:
+        assert not _test_file(module).exists(), f"{module} has a test file: drop its exemption"
+        return
+    expected = _test_file(module).relative_to(ROOT)
+    assert (ROOT / expected).exists(), f"{module} has no {expected} (or an UNTESTED_ALONE reason)"
+
+
+def test_each_test_file_mirrors_a_module_or_says_what_it_covers():
+    """A test file in a package folder is named after a module of it, or opens with a docstring
+    naming what it checks across modules (real logs, the fuzz harness, megatron-core)."""
+    strays = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        module = ast.parse(path.read_text(encoding="utf-8"))
+        if not ast.get_docstring(module):
+            strays.append(str(path.relative_to(ROOT)))
+    assert strays == []
+
+
+def test_no_two_modules_share_a_name():
+    """One name, one meaning: a module's file name is unique across the product."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules().values():
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    shared = {name: set(paths) for name, paths in seen.items() if len(paths) > 1}
+    assert shared == SHARED_BASENAMES
+
+
+# The megatron-core backend patches megatron-core's CUDA-only calls for the CPU: only its own
+# rank program may apply that, never a module of the tuner's process.
+CPU_ADAPTATIONS = "launchers.megatron_core.cpu_adaptations"
+CORE_RANK = ("launchers.megatron_core", "launchers.megatron_core_rank")
+
+
+def test_no_product_module_imports_the_cpu_adaptations():
+    importers = sorted(
+        name
+        for name, path in MODULES.items()
+        if not any(name == own or name.startswith(own + ".") for own in CORE_RANK)
+        and any(
+            found == CPU_ADAPTATIONS or found.startswith(CPU_ADAPTATIONS + ".")
+            for found in _imports(path, name)
+        )
+    )
+    assert importers == []
+
+
+def test_the_backend_imports_its_adaptations_only_inside_the_rank_program():
+    """Not at module level anywhere: importing the rank's modules (as tests do) patches nothing."""
+    for name, path in MODULES.items():
+        if not name.startswith("launchers.megatron_core"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        names = {getattr(node, "module", None) for node in top}
+        names |= {alias.name for node in top for alias in node.names}
+        assert CPU_ADAPTATIONS not in names, f"{name} imports the adaptations at module level"

@@ -2,8 +2,9 @@
 would run it, ends in exit 2 and one line on stderr naming the flag or file: no traceback, no
 hang, no file written, no cluster started, and never more than a bounded amount of memory.
 
-Each case runs in a child under a memory limit and a time limit (tests/isolated_command.py), in
-an empty working folder; ``{name}`` in an argument is a file of the ``inputs`` fixture.
+Each case runs in a child under a memory limit and a time limit
+(``tests/helpers/isolated_command.py``), in an empty working folder; ``{name}`` in an argument
+is a file of the ``inputs`` fixture.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.isolated_command import run_isolated
-from tests.malformed_inputs import COSTS, HANDBOOK, HARDWARE, LAYOUT, ROOT, write_inputs
+from tests.helpers.isolated_command import run_isolated
+from tests.helpers.malformed_inputs import COSTS, HANDBOOK, HARDWARE, LAYOUT, ROOT, write_inputs
 
 PLAN = ["plan", HANDBOOK, "--pp", "4", "--costs", COSTS]
 SIMULATE = ["simulate", HANDBOOK, LAYOUT, "--costs", COSTS]
@@ -109,11 +110,31 @@ CASES = [
     ([*FIT, "-o", "c.json", "--micro-batches", "-3"], "--micro-batches must be >= 1"),
     ([*FIT, "-o", "c.json", "--micro-batches", str(10**9)], "--micro-batches must be <= 16,384"),
     ([*INGEST, "--store", "store", "--micro-batches", str(10**9)], "--micro-batches must be <="),
+    # input files (issue 20): special and huge files, aliases, keys, encodings, absurd costs
+    (["size", "{fifo}"], "fifo.yaml: a FIFO, not a regular file"),
+    (["size", "/dev/zero"], "/dev/zero: a character device, not a regular file"),
+    (["size", "{sparse}"], "sparse.yaml: 9,000,000,000 bytes, more than the 1,000,000"),
+    (["size", "{laughs}"], "laughs.yaml: more than 100,000 values"),
+    (["size", "{twice}"], "twice.yaml:28: duplicate key 'num_layers'"),
+    (["size", "{int_key}"], "int_key.yaml:28: key 1 is not text"),
+    (["size", "{int_key_parallel}"], "int_key_parallel.yaml:22: key 1 is not text"),
+    (["size", "{no_parallel}"], "no_parallel.yaml: parallel must be a mapping, got False"),
+    (["size", "{freq}"], "freq.yaml: moe_layer_freq has 24 entries but num_layers is 16"),
+    (["size", "{latin1}"], "latin1.yaml: not UTF-8 text at byte"),
+    (["size", "{layers_hf}", "--pp", "4"], "num_hidden_layers must be <= 1,024"),
+    (["plan", HANDBOOK, "--pp", "4", "--costs", "{latin1_costs}"], "not UTF-8 text at byte"),
+    (["plan", HANDBOOK, "--pp", "4", "--costs", "{twice_costs}"], "duplicate key 'tp'"),
+    (["plan", HANDBOOK, "--pp", "4", "--costs", "{tiny_costs}"],
+     "tiny_costs.json: mtp_standalone_factor must be at least 0.5, got 1e-300"),
+    (["plan", HANDBOOK, "--pp", "4", "--costs", "{subnormal_costs}"],
+     "forward_ms.t must be 0 or at least 1e-06 ms (1 ns), got 5e-324"),
+    (["plan", HANDBOOK, "--pp", "4", "--costs", "{jitter_costs}"],
+     "jitter_costs.json: jitter_cv.t must be at most 1, got 9000000.0"),
     # profile-layouts
     ([*PROFILE_LAYOUTS, "--runs", "-1"], "--runs must be >= 1"),
     ([*PROFILE_LAYOUTS, "--runs", str(10**6)], "--runs must be <= 64"),
-    ([*PROFILE_LAYOUTS, "--train-iters", "0"], "--train-iters must be >= 1"),
-    ([*PROFILE_LAYOUTS, "--train-iters", "-5"], "--train-iters must be >= 1"),
+    ([*PROFILE_LAYOUTS, "--train-iters", "0"], "--train-iters must be >= 5: the fit drops"),
+    ([*PROFILE_LAYOUTS, "--train-iters", "-5"], "--train-iters must be >= 5: the fit drops"),
     ([*PROFILE_LAYOUTS, "--micro-batches", str(10**9)], "--micro-batches must be <= 16,384"),
 ]  # fmt: skip
 
@@ -121,6 +142,7 @@ CASES = [
 CLUSTER_CASES = [
     (["--hardware", "{folder}/missing.yaml"], "no such file"),
     (["--hardware", "{broken_hardware}"], "broken_hardware.yaml: not valid YAML"),
+    (["--hardware", "{int_key}"], "int_key.yaml:28: key 1 is not text"),
     (["--timeout-s", "0"], "--timeout-s must be positive"),
     (["--timeout-s", "nan"], "--timeout-s must be positive"),
     (["--heartbeat-s", "-1"], "--heartbeat-s must be positive"),

@@ -4,7 +4,6 @@ it runs what ``make run`` runs, and its verdicts say what the benchmark's target
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,7 @@ from benchmarks.bench_quickstart import (
 )
 from ray_layout.ab.vocabulary import ArmRole, ArmStatus
 from ray_layout.report.summary import ArmOutcome
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT
 
 
 def _arm(name: str, layout: str, measured_ms: float | None) -> ArmOutcome:

@@ -19,6 +19,7 @@ from ray_layout.model.layout import Layout, validate
 from ray_layout.model.megatron_args import check_arguments, megatron_flag_table, parse_flags
 from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.spec import ModelSpec, ParallelConfig, with_parallel
+from search.memory_settings import MemorySettings, memory_settings
 
 # Megatron accepts at most one of these and a layout string
 _VIRTUAL_STAGE_DESTS = {
@@ -36,6 +37,8 @@ class RunConfig:
     layout: Layout
     num_microbatches: int
     group_size: int  # --microbatch-group-size-per-virtual-pipeline-stage, PP by default
+    overlap_p2p: bool  # interleaved p2p overlapped: Megatron's default, off by its flag or VPP 1
+    memory: MemorySettings  # recompute, optimizer dtypes, offload: what the rank's peak follows
     train_iters: int
     log_interval: int
     timing_log_level: int
@@ -114,6 +117,8 @@ def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
         layout=layout,
         num_microbatches=num_microbatches,
         group_size=group_size,
+        overlap_p2p=layout.vpp > 1 and flag("--no-overlap-p2p-communication"),
+        memory=memory_settings(recipe.megatron_args),
         train_iters=train_iters,
         log_interval=flag("--log-interval"),
         timing_log_level=flag("--timing-log-level"),

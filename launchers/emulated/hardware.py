@@ -6,16 +6,24 @@ emulated Megatron reads, never the tuner: the tuner has to find its costs by mea
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.costs import FORMAT, UnitCosts, costs_from_dict
-from ray_layout.model.spec import read_mapping
+from ray_layout.errors import ConfigError, quoted
+from ray_layout.model.costs import FORMAT, Bound, UnitCosts, costs_from_dict
+from ray_layout.model.files import read_mapping
 
-_PROFILE_NUMBERS = ("hbm_gib", "time_scale", "jitter_cv", "mtp_standalone_extra")
-_POSITIVE_NUMBERS = frozenset({"hbm_gib", "time_scale"})
+# The profile the emulated backend uses by default, found from the package wherever it runs.
+BUNDLED_PROFILE = (
+    Path(__file__).resolve().parents[2] / "cluster_configs/hardware/h200_emulated.yaml"
+)
+
+_PROFILE_BOUNDS = {
+    "hbm_gib": Bound(1e-3, 1024.0, " GiB"),
+    "time_scale": Bound(1e-4, 100.0),  # real seconds per emulated second
+    "jitter_cv": Bound(0.0, 1.0),
+    "mtp_standalone_extra": Bound(0.0, 3.0),  # the factor's bounds, less 1
+}
 
 
 @dataclass(frozen=True)
@@ -42,23 +50,15 @@ def load_profile(path: str | Path) -> HardwareProfile:
             f"{source}: {', '.join(reserved)} is not a profile field (the profile has "
             "mtp_standalone_extra instead of a factor)"
         )
-    numbers = {}
-    for key in _PROFILE_NUMBERS:
-        value = raw.pop(key, None)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
-        if value < 0 or (key in _POSITIVE_NUMBERS and value == 0):
-            bound = "> 0" if key in _POSITIVE_NUMBERS else ">= 0"
-            raise ConfigError(f"{source}: {key} must be {bound}, got {value}")
-        numbers[key] = float(value)
+    numbers = {
+        key: bound.check(raw.pop(key, None), key, source) for key, bound in _PROFILE_BOUNDS.items()
+    }
     name = raw.pop("name", path.stem)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{source}: name must be a non-empty string, got {quoted(name)}")
     extra = numbers.pop("mtp_standalone_extra")
     costs = costs_from_dict(
         {"format": FORMAT, "source": "manual", "mtp_standalone_factor": 1 + extra, **raw},
         source=source,
     )
-    return HardwareProfile(name=str(name), costs=costs, **numbers)
+    return HardwareProfile(name=name, costs=costs, **numbers)

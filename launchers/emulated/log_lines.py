@@ -80,8 +80,9 @@ def _losses(model: ModelSpec, iteration: int) -> dict[str, float]:
     """Falling losses under Megatron's names (``lm loss``, ``mtp_1 loss``...); the values mean
     nothing."""
     lm = 11.0 / (1 + 0.01 * iteration)
-    return {"lm loss": lm} | {f"mtp_{d} loss": lm * (1 + 0.01 * d)
-                              for d in range(1, model.mtp_num_layers + 1)}  # fmt: skip
+    return {"lm loss": lm} | {
+        f"mtp_{d} loss": lm * (1 + 0.01 * d) for d in range(1, model.mtp_num_layers + 1)
+    }
 
 
 def iteration_report(config: RunConfig, iteration: int, elapsed_ms: float, world_size: int) -> str:

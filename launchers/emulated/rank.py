@@ -2,15 +2,16 @@
 
 Pipeline neighbours exchange real tensors over gloo, batched like Megatron's
 ``batch_isend_irecv`` and waited together (a gloo send completes only once its receive is
-posted, as with NCCL), so bubbles and waits emerge from real concurrency; each tensor carries its
-micro-batch, stage and the time it was sent, and a compute whose input has not arrived is an
-error.  Compute lasts its cost with lognormal noise; a transfer lasts the link's time from
-when both its ends have posted (each stamps its post time on what it sends: the data one way,
-an acknowledgement the other); the step tail runs a real all-reduce over the DP group and the
-step ends on one over the world, as the optimizer's grad-norm all-reduce ends it.  Every cost
-is multiplied by the profile's ``time_scale`` and kept against deadlines
-(:mod:`launchers.emulated.clock`): waits for a peer are real, the time a rank resumes at is
-the scheduled one.
+posted, as with NCCL), or with overlapped p2p posted by one call and waited for later, one by
+one, where Megatron waits, so bubbles and waits emerge from real concurrency; each tensor
+carries its micro-batch, stage and the time it was sent, and a compute whose input has not
+arrived is an error.  Compute lasts its cost with lognormal noise; a transfer lasts the link's
+time from when both its ends have posted (each stamps its post time on what it sends: the data
+one way, an acknowledgement the other); the step tail runs a real all-reduce over the DP group
+and the step ends on one over the world, as the optimizer's grad-norm all-reduce ends it.  Every
+cost is multiplied by the profile's ``time_scale`` and kept against deadlines
+(:mod:`launchers.emulated.clock`): waits for a peer are real, the time a rank resumes at is the
+scheduled one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -38,24 +40,28 @@ from launchers.emulated.log_lines import (
 from launchers.emulated.rank_costs import RankCosts, rank_costs
 from launchers.emulated.rank_order import pipeline_programs
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
-from search.schedule import (
-    BACKWARD,
-    FORWARD,
-    RECV_NEXT,
-    RECV_PREV,
-    SEND_NEXT,
-    SEND_PREV,
-    Compute,
-    Op,
-    P2PCall,
-)
+from search.schedule import BACKWARD, FORWARD, Compute, Op, P2PCall, Transfer, Wait
 
 # _batched_p2p_ops posts in this order; tags keep the two directions of a link apart (with
 # PP = 2 and interleaving, the next and the previous rank are the same process).
-_POST_ORDER = (SEND_PREV, RECV_PREV, SEND_NEXT, RECV_NEXT)
-_TAG = {SEND_NEXT: 1, RECV_PREV: 1, SEND_PREV: 2, RECV_NEXT: 2}
-_SENDS = frozenset({SEND_NEXT, SEND_PREV})
+_POST_ORDER = (Transfer.SEND_PREV, Transfer.RECV_PREV, Transfer.SEND_NEXT, Transfer.RECV_NEXT)
+_TAG = {Transfer.SEND_NEXT: 1, Transfer.RECV_PREV: 1, Transfer.SEND_PREV: 2, Transfer.RECV_NEXT: 2}
+_SENDS = frozenset({Transfer.SEND_NEXT, Transfer.SEND_PREV})
 _ACK_TAG = {transfer: tag + 2 for transfer, tag in _TAG.items()}
+
+
+@dataclass
+class _Transfer:
+    """One posted send or receive: when this rank posted it, its link, the tensor that comes
+    back stamped with the partner's post time, and the kind of item a receive brings."""
+
+    kind: str  # Transfer.SEND_NEXT, Transfer.RECV_PREV, ...
+    posted: float
+    link_ms: float
+    stamped: torch.Tensor
+    arrives: str | None  # FORWARD or BACKWARD for a receive
+    operations: list[Any]
+    requests: list[Any] = field(default_factory=list)
 
 
 class EmulatedRank:
@@ -100,7 +106,11 @@ class EmulatedRank:
         )
         shared: list[Any] = [None]
         if self.rank == 0:
-            shared = [pipeline_programs(p.pp, p.vpp, config.num_microbatches, config.group_size)]
+            shared = [
+                pipeline_programs(
+                    p.pp, p.vpp, config.num_microbatches, config.group_size, config.overlap_p2p
+                )
+            ]
         dist.broadcast_object_list(shared, src=0)
         programs = shared[0]
         self.program = programs[self.pp_rank]
@@ -120,7 +130,10 @@ class EmulatedRank:
         nodes: list[Any] = [None] * self.world_size
         dist.all_gather_object(nodes, node)
         costs = self.profile.costs
-        for transfer, peer in ((SEND_NEXT, self.next_rank), (SEND_PREV, self.prev_rank)):
+        for transfer, peer in (
+            (Transfer.SEND_NEXT, self.next_rank),
+            (Transfer.SEND_PREV, self.prev_rank),
+        ):
             same = nodes[peer] == node
             self.send_ms[transfer] = costs.p2p_intra_node_ms if same else costs.p2p_inter_node_ms
 
@@ -173,15 +186,30 @@ class EmulatedRank:
         self._synchronize(None)  # the optimizer's grad-norm all-reduce: the step ends together
 
     def _pipeline(self, program: Sequence[Op]) -> None:
+        """The rank's ops in order.  A blocking call waits for its transfers; with overlapped
+        p2p a call may only post them (its timer times the posting), and a :class:`Wait` later
+        waits for one; a send nobody waits for completes on its own before the step ends."""
         arrived: dict[str, set[tuple[int, int]]] = {FORWARD: set(), BACKWARD: set()}
         done: dict[str, tuple[int, int]] = {}  # the latest (micro-batch, stage) of each kind
+        pending: dict[tuple[str, int], _Transfer] = {}  # posted, not yet waited: (kind, n-th)
+        posts: dict[str, int] = {}
         for op in program:
             if isinstance(op, Compute):
                 self._compute(op, arrived)
                 done[op.kind] = (op.microbatch, op.chunk * self.config.parallel.pp + self.pp_rank)
+            elif isinstance(op, Wait):
+                self._complete([pending.pop((op.transfer, op.post))], arrived)
             else:
                 with self.timers(P2P_TIMER_OF_CALL[op.name]):
-                    self._exchange(op, done, arrived)
+                    transfers = self._post(op, done)
+                    if op.blocking:
+                        self._complete(transfers, arrived)
+                for transfer in transfers if not op.blocking else ():
+                    pending[(transfer.kind, posts.get(transfer.kind, 0))] = transfer
+                    posts[transfer.kind] = posts.get(transfer.kind, 0) + 1
+        for transfer in pending.values():
+            for request in transfer.requests:
+                request.wait()
 
     def _compute(self, op: Compute, arrived: Mapping[str, set[tuple[int, int]]]) -> None:
         """Last the chunk's cost with lognormal noise of mean 1, once its input is here."""
@@ -198,48 +226,57 @@ class EmulatedRank:
         with self.timers(COMPUTE_TIMERS[0] if forward else COMPUTE_TIMERS[1]):
             self.clock.advance(ms * noise)
 
-    def _exchange(
-        self,
-        call: P2PCall,
-        done: Mapping[str, tuple[int, int]],
-        arrived: Mapping[str, set[tuple[int, int]]],
-    ) -> None:
-        """One batched call: every send and receive is posted at once, each with its
-        acknowledgement the other way, and all are waited for together.  A transfer starts when
-        both its ends have posted (each learns the other's scheduled post time) and lasts the
-        link's time; the call ends when its last transfer does, as in the simulator."""
+    def _post(self, call: P2PCall, done: Mapping[str, tuple[int, int]]) -> list[_Transfer]:
+        """Post every send and receive of one call at once, each with its acknowledgement the
+        other way (batched as ``batch_isend_irecv``); nothing is waited for here."""
         posted = self.clock.now
-        ops, ends = [], []
+        transfers = []
         for transfer in _POST_ORDER:
             if transfer not in call.transfers:
                 continue
-            toward_next = transfer in (SEND_NEXT, RECV_NEXT)
+            toward_next = transfer in (Transfer.SEND_NEXT, Transfer.RECV_NEXT)
             peer = self.next_rank if toward_next else self.prev_rank
-            link_ms = self.send_ms[SEND_NEXT if toward_next else SEND_PREV]
-            kind = FORWARD if transfer in (SEND_NEXT, RECV_PREV) else BACKWARD
+            link_ms = self.send_ms[Transfer.SEND_NEXT if toward_next else Transfer.SEND_PREV]
+            kind = FORWARD if transfer in (Transfer.SEND_NEXT, Transfer.RECV_PREV) else BACKWARD
             group, tag, ack_tag = self.pp_group, _TAG[transfer], _ACK_TAG[transfer]
             if transfer in _SENDS:
                 data = torch.tensor([*done[kind], posted], dtype=torch.float64)
                 ack = torch.empty(1, dtype=torch.float64)
-                ends.append((link_ms, ack, None))
-                ops.append(dist.P2POp(dist.isend, data, peer, group, tag))
-                ops.append(dist.P2POp(dist.irecv, ack, peer, group, ack_tag))
+                ops = [
+                    dist.P2POp(dist.isend, data, peer, group, tag),
+                    dist.P2POp(dist.irecv, ack, peer, group, ack_tag),
+                ]
+                transfers.append(_Transfer(transfer, posted, link_ms, ack, None, ops))
             else:
                 data = torch.empty(3, dtype=torch.float64)
                 ack = torch.tensor([posted], dtype=torch.float64)
-                ends.append((link_ms, data, kind))
-                ops.append(dist.P2POp(dist.irecv, data, peer, group, tag))
-                ops.append(dist.P2POp(dist.isend, ack, peer, group, ack_tag))
-        if not ops:
-            return
-        for request in dist.batch_isend_irecv(ops):
-            request.wait()
-        latest = posted
-        for link_ms, stamped, kind in ends:
-            *sent, partner_posted = stamped.tolist()
-            if kind is not None:
-                arrived[kind].add((int(sent[0]), int(sent[1])))
-            latest = max(latest, max(posted, partner_posted) + self.clock.seconds(link_ms))
+                ops = [
+                    dist.P2POp(dist.irecv, data, peer, group, tag),
+                    dist.P2POp(dist.isend, ack, peer, group, ack_tag),
+                ]
+                transfers.append(_Transfer(transfer, posted, link_ms, data, kind, ops))
+        operations = [op for transfer in transfers for op in transfer.operations]
+        if operations:
+            requests = iter(dist.batch_isend_irecv(operations))
+            for transfer in transfers:
+                transfer.requests = [next(requests) for _ in transfer.operations]
+        return transfers
+
+    def _complete(
+        self, transfers: Sequence[_Transfer], arrived: Mapping[str, set[tuple[int, int]]]
+    ) -> None:
+        """Wait for posted transfers.  Each starts when both its ends have posted (each learns
+        the other's scheduled post time) and lasts the link's time; the rank resumes when the
+        last one ends, or at once if all ended while it computed, as in the simulator."""
+        latest = self.clock.now
+        for transfer in transfers:
+            for request in transfer.requests:
+                request.wait()
+            *sent, partner_posted = transfer.stamped.tolist()
+            if transfer.arrives is not None:
+                arrived[transfer.arrives].add((int(sent[0]), int(sent[1])))
+            start = max(transfer.posted, partner_posted)
+            latest = max(latest, start + self.clock.seconds(transfer.link_ms))
         self.clock.reach(latest)
 
     def _log(self, iteration: int, seconds_per_iteration: float, logged: int) -> None:
@@ -258,7 +295,8 @@ class EmulatedRank:
             self.timers.seconds.clear()
         if last:
             normalizer = config.log_interval * scale / 1e3
-            block = timer_block(gathered, config.timing_log_option, config.timing_log_level,
-                                normalizer)  # fmt: skip
+            block = timer_block(
+                gathered, config.timing_log_option, config.timing_log_level, normalizer
+            )
             if block is not None:
                 print(block, flush=True)

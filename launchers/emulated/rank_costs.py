@@ -16,7 +16,7 @@ from launchers.emulated.config import RunConfig
 from launchers.emulated.rank_order import held_at_peak, pipeline_programs
 from ray_layout.model.costs import UnitCosts, stage_compute_ms
 from ray_layout.model.layout import MTP
-from ray_layout.model.sizing import WEIGHT_BYTES, stage_sizes
+from ray_layout.model.sizing import stage_sizes
 from search.memory import StageMemory, stage_memory
 from search.schedule import Op
 
@@ -48,11 +48,13 @@ def rank_costs(
     holds_mtp = MTP in "".join(layout.rank_chunks(pp_rank))
     factor = costs.mtp_standalone_factor if layout.mtp_standalone and holds_mtp else 1.0
     stage = stage_sizes(config.model, config.parallel, layout.stages)[pp_rank]
-    gparams = stage.memory.weights / WEIGHT_BYTES / 1e9
+    gparams = stage.gpu_gigaparams
     if programs is None:
         programs = pipeline_programs(pp, layout.vpp, config.num_microbatches, config.group_size)
     held = [held_at_peak(program, layout.vpp) for program in programs]
-    memory = stage_memory(config.model, config.parallel, layout, costs, held)[pp_rank]
+    memory = stage_memory(config.model, config.parallel, layout, costs, held, config.memory)[
+        pp_rank
+    ]
     return RankCosts(
         forward_ms=tuple(ms * factor for ms in forward[pp_rank::pp]),
         backward_ms=tuple(ms * factor for ms in backward[pp_rank::pp]),

@@ -6,7 +6,8 @@ How many forwards warm up and which (micro-batch, chunk) comes k-th are megatron
 ``overlap_p2p_comm`` off.  The ops are written in the vocabulary of ``search.schedule``
 (:class:`Compute`, :class:`P2PCall` and the transfer names) so that a test can hold the
 emulator's order against the simulator's, an implementation of its own; nothing else of the
-simulator is used here.
+simulator is used here.  With ``overlap_p2p_comm`` on, the interleaved order is traced from
+megatron-core's schedule function instead (``megatron_trace``).
 """
 
 from __future__ import annotations
@@ -15,17 +16,8 @@ import warnings
 from collections.abc import Sequence
 from types import SimpleNamespace
 
-from search.schedule import (
-    BACKWARD,
-    FORWARD,
-    RECV_NEXT,
-    RECV_PREV,
-    SEND_NEXT,
-    SEND_PREV,
-    Compute,
-    Op,
-    P2PCall,
-)
+from launchers.emulated.megatron_trace import traced_program
+from search.schedule import BACKWARD, FORWARD, Compute, Op, P2PCall, Transfer
 
 
 def _call(
@@ -37,8 +29,12 @@ def _call(
     recv_next: bool = False,
 ) -> P2PCall:
     """A p2p call of Megatron's; an interleaved call with nothing to move still runs its timer."""
-    wanted = ((SEND_NEXT, send_next), (SEND_PREV, send_prev), (RECV_PREV, recv_prev),
-              (RECV_NEXT, recv_next))  # fmt: skip
+    wanted = (
+        (Transfer.SEND_NEXT, send_next),
+        (Transfer.SEND_PREV, send_prev),
+        (Transfer.RECV_PREV, recv_prev),
+        (Transfer.RECV_NEXT, recv_next),
+    )
     return P2PCall(name, tuple(transfer for transfer, on in wanted if on))
 
 
@@ -173,11 +169,17 @@ def _interleaved(
 
 
 def pipeline_programs(
-    pp: int, vpp: int, num_microbatches: int, group_size: int
+    pp: int, vpp: int, num_microbatches: int, group_size: int, overlap_p2p: bool = False
 ) -> tuple[list[Op], ...]:
-    """Every PP rank's program (:func:`rank_program`), in PP rank order.  One process computes
-    them for the whole job: importing megatron-core takes seconds of CPU, which every rank of
-    a job on one machine would otherwise pay at once."""
+    """Every PP rank's program in PP rank order: :func:`rank_program`, or with overlapped p2p
+    (interleaving only) megatron-core's schedule itself, traced (``megatron_trace``).  One
+    process computes them for the whole job: importing megatron-core takes seconds of CPU,
+    which every rank of a job on one machine would otherwise pay at once."""
+    if overlap_p2p and vpp > 1:
+        return tuple(
+            traced_program(pp, rank, vpp, num_microbatches, group_size, overlap_p2p=True)
+            for rank in range(pp)
+        )
     return tuple(rank_program(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp))
 
 

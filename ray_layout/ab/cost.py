@@ -28,8 +28,9 @@ class ArmCost:
         if not is_whole_number(self.world_size) or self.world_size < 1:
             raise ConfigError(f"world_size must be a positive integer, got {self.world_size!r}")
         if not is_whole_number(self.budget_iterations) or self.budget_iterations < 0:
-            raise ConfigError(f"budget_iterations must be an integer >= 0, got "
-                              f"{self.budget_iterations!r}")  # fmt: skip
+            raise ConfigError(
+                f"budget_iterations must be an integer >= 0, got {self.budget_iterations!r}"
+            )
 
 
 def gpu_seconds(arms: Sequence[ArmCost]) -> tuple[float, float]:
@@ -57,7 +58,7 @@ def replayed_iterations(
     first_looks: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Iterations (warm-up included) each arm would have run side by side, as
-    :func:`~ray_layout.ab.decisions.replay` judged it: a stopped arm up to the look that stopped
+    :func:`~ray_layout.ab.replay.replay` judged it: a stopped arm up to the look that stopped
     it; a lone survivor until its first look and the last other arm's stop (the live test's
     "settled"); several survivors their whole budget.  Never more than a trace holds."""
     first_looks = first_looks or {}

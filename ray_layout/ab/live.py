@@ -13,7 +13,7 @@ median, OOM and hangs stop an arm at once.
 The last arm standing (every other one stopped or failed) ends once it has passed a look: more
 steps cannot change the verdict.  Memory headroom for ties is the predicted one while an arm
 runs, the measured one after; critical stages are the predicted ones.  When every run has ended,
-:func:`~ray_layout.ab.decisions.final_decisions` names the winner.
+:func:`~ray_layout.ab.final.final_decisions` names the winner.
 
 Every decision goes to the store's ``decisions`` table under a test id that digests the arms and
 the settings, so a resumed tune finds the arms that already ran (their runs and traces are in
@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ray_layout.ab.cost import ArmCost
-from ray_layout.ab.decisions import Decision, decide_look, decision_rows, final_decisions
+from ray_layout.ab.decisions import Decision, decide_look, decision_rows
+from ray_layout.ab.final import final_decisions
 from ray_layout.ab.looks import (
     Prediction,
     covering_iterations,
@@ -46,8 +47,8 @@ from ray_layout.measure.logs import parse_iteration_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
 from ray_layout.runtime.failures import FINISHED, STOPPED, FailureClass
-from ray_layout.runtime.profiling import LayoutRun, ProfiledRun
-from ray_layout.runtime.spec import Watch
+from ray_layout.runtime.layout_runs import LayoutRun, ProfiledRun
+from ray_layout.runtime.run_spec import Watch
 
 GIB_PER_MB = 1 / 1024
 
@@ -276,8 +277,9 @@ class LiveTest:
         if steady >= self.config.look_iterations(len(self.config.looks) - 1):
             return None  # at its budget: the run ends by itself
         cv = float(np.std(values, ddof=1) / np.mean(values)) if steady > 1 else math.inf
-        covering = covering_iterations(self._predictions[arm].mean_ms, cv, pending, self.config,
-                                       self.first_looks)  # fmt: skip
+        covering = covering_iterations(
+            self._predictions[arm].mean_ms, cv, pending, self.config, self.first_looks
+        )
         return StopReason.COVERED.text if steady >= covering else None
 
     def _look_iterations(self, arm: str, look: int) -> int:

@@ -90,8 +90,9 @@ class ABConfig:
 
     def __post_init__(self) -> None:
         if not is_whole_number(self.warmup_iterations) or self.warmup_iterations < 0:
-            raise ConfigError(f"warmup_iterations must be an integer >= 0, got "
-                              f"{self.warmup_iterations!r}")  # fmt: skip
+            raise ConfigError(
+                f"warmup_iterations must be an integer >= 0, got {self.warmup_iterations!r}"
+            )
         if not is_whole_number(self.batch_size) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         try:
@@ -230,10 +231,12 @@ def tied_within_margin(
     """Two one-sided tests (TOST) of equivalence: H1 is (1 - margin) mean_best < mean_arm <
     (1 + margin) mean_best.  Returns (the t nearer to its bound, p = the larger one-sided p);
     (nan, nan) as :func:`worse_by_margin`."""
-    t_low, p_low = _greater_than_scaled(arm_values, best_values, 1.0 - config.margin,
-                                        config.batch_size)  # fmt: skip
-    t_high, p_above = _greater_than_scaled(arm_values, best_values, 1.0 + config.margin,
-                                           config.batch_size)  # fmt: skip
+    t_low, p_low = _greater_than_scaled(
+        arm_values, best_values, 1.0 - config.margin, config.batch_size
+    )
+    t_high, p_above = _greater_than_scaled(
+        arm_values, best_values, 1.0 + config.margin, config.batch_size
+    )
     if math.isnan(p_low) or math.isnan(p_above):
         return math.nan, math.nan
     p_high = 1.0 - p_above  # H1: mean_arm < (1 + margin) mean_best
@@ -249,8 +252,10 @@ def blowup_reason(values: np.ndarray, best_median_ms: float, config: ABConfig) -
     median = float(np.median(values))
     if not median > config.blowup * best_median_ms:  # a nan median is a failure, not a blow-up
         return None
-    return (f"blow-up: median step {median:.1f} ms is {median / best_median_ms:.1f}x the best "
-            f"arm's {best_median_ms:.1f} ms (limit {config.blowup:g}x)")  # fmt: skip
+    return (
+        f"blow-up: median step {median:.1f} ms is {median / best_median_ms:.1f}x the best "
+        f"arm's {best_median_ms:.1f} ms (limit {config.blowup:g}x)"
+    )
 
 
 def failure_reason(trace: ArmTrace, config: ABConfig | None = None) -> str | None:
@@ -262,6 +267,8 @@ def failure_reason(trace: ArmTrace, config: ABConfig | None = None) -> str | Non
     steps = steady_steps(trace, config or ABConfig())
     bad = np.flatnonzero(~np.isfinite(steps))
     if bad.size:
-        return (f"{FAILURE_REASONS[FailureClass.NAN]}: steady iteration {bad[0] + 1} took "
-                f"{steps[bad[0]]} ms")  # fmt: skip
+        return (
+            f"{FAILURE_REASONS[FailureClass.NAN]}: steady iteration {bad[0] + 1} took "
+            f"{steps[bad[0]]} ms"
+        )
     return None

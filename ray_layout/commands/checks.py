@@ -97,7 +97,8 @@ def _os_errors_in_words(check: Check) -> Check:
 
 @_os_errors_in_words
 def existing_file(value: str | Path) -> str | None:
-    return None if Path(value).is_file() else f"{value}: no such file"
+    """There is something at the path; what it is (a FIFO, a folder) the file reader says."""
+    return None if Path(value).exists() else f"{value}: no such file"
 
 
 def costs_file(value: str) -> str | None:
@@ -132,6 +133,8 @@ def new_file(suffixes: Iterable[str] = ()) -> Check:
         path = Path(value)
         if path.is_dir():
             return f"{value}: is a folder, not a file"
+        if path.exists() and not path.is_file():  # a device or FIFO: never replaced by a file
+            return f"{value}: is not a regular file; name a file to write"
         if not path.parent.is_dir():
             return f"{value}: no such folder {str(path.parent)!r}"
         if not _writable(path.parent):

@@ -74,20 +74,26 @@ class ModelSettings(Settings):
         None, help="training sequence length override", checks=[between(1, MAX_DIMENSION)]
     )
     vocab_size: int | None = option(
-        None, help="vocabulary size (a script's tokenizer is not loaded)",
+        None,
+        help="vocabulary size (a script's tokenizer is not loaded)",
         checks=[between(1, MAX_DIMENSION)],
-    )  # fmt: skip
+    )
     env: tuple[str, ...] = option(
-        (), help="NAME=VALUE of the job's environment a launch script reads (repeatable)",
-        metavar="NAME=VALUE", checks=[_environment_checks],
-    )  # fmt: skip
+        (),
+        help="NAME=VALUE of the job's environment a launch script reads (repeatable)",
+        metavar="NAME=VALUE",
+        checks=[_environment_checks],
+    )
 
     def overrides(self, **sizes: int) -> Overrides:
         """What the flags say about the config: the job's environment and the sizes that
         replace the config's (``sizes`` replace the flags' own)."""
         given = self.parallel.sizes_given()
-        given |= {k: v for k, v in (("seq_length", self.seq_length),
-                                    ("vocab_size", self.vocab_size)) if v is not None}  # fmt: skip
+        given |= {
+            k: v
+            for k, v in (("seq_length", self.seq_length), ("vocab_size", self.vocab_size))
+            if v is not None
+        }
         environment = dict(text.partition("=")[::2] for text in self.env)
         return Overrides(environment, given | sizes)
 

@@ -33,5 +33,6 @@ def config_layout(recipe: Recipe, count_fallback: bool = False) -> tuple[Layout,
         if not count_fallback:
             raise
         layout, source = count_based(*shape, parallel.vpp), BaselineName.COUNT_BASED
-        notes.append(str(exc))
+        if not any(str(exc) in note for note in notes):  # the split's own reason, said once
+            notes.append(str(exc))
     return layout, NOTE.join([source.value, *notes])

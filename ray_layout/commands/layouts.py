@@ -33,11 +33,9 @@ def run_layouts(settings: LayoutsSettings, console: Console) -> None:
     model, pp, vpp = recipe.model, recipe.parallel.pp, recipe.parallel.vpp
     check_interleaving(pp, vpp)
     check_pipeline_stages(pp, vpp, source="--pp, --vpp")
-    space = LayoutSpace(
-        model.num_layers,
-        model.mtp_num_layers,
-        pp,
-        vpp,
+    space = LayoutSpace.of(
+        model,
+        recipe.parallel,
         allow_empty_stages=settings.allow_empty_stages,
         allow_standalone_mtp=settings.allow_standalone_mtp,
     )

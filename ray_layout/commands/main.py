@@ -14,12 +14,22 @@ from ray_layout.commands.plan import PLAN
 from ray_layout.commands.profile import PROFILE
 from ray_layout.commands.simulate import SIMULATE
 from ray_layout.commands.size import SIZE
+from ray_layout.commands.store_rm import STORE
 from ray_layout.commands.validate import VALIDATE
 
 COMMANDS: tuple[Command, ...] = (
-    SIZE, LAYOUTS, VALIDATE, PLAN, PROFILE_LAYOUTS, INGEST, FIT, PROFILE, SIMULATE,
+    SIZE,
+    LAYOUTS,
+    VALIDATE,
+    PLAN,
+    PROFILE_LAYOUTS,
+    INGEST,
+    FIT,
+    STORE,
+    PROFILE,
+    SIMULATE,
     MEGATRON_COMMAND,
-)  # fmt: skip
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from rich.table import Table
 from ray_layout.commands.checks import (
     MAX_ITERATIONS,
     MAX_PROFILE_RUNS,
+    at_least,
     between,
     costs_file,
     folder_or_new,
@@ -31,20 +32,23 @@ from ray_layout.commands.searching import (
     unit_costs,
 )
 from ray_layout.errors import ConfigError
+from ray_layout.measure.declared import runs_parallel
 from ray_layout.measure.design import profile_design
 from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.ingest import (
     LoggedRun,
     ingest,
-    observation_of_logged_run,
     observations_from_store,
+    observations_of_logged_runs,
     parse_run_argument,
     record_fit,
 )
-from ray_layout.measure.observations import RunObservation
+from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
+from ray_layout.measure.memory_fit import fit_memory
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_from_flops, save_costs
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
+from search.memory_settings import memory_settings
 
 RUN_METAVAR = "LAYOUT=PATH"
 STORE_CHECKS = [folder_or_new]
@@ -62,7 +66,9 @@ class ProfileLayoutsSettings(ModelSettings):
         False, help="also measure m and L apart (needs an MTP-standalone run)"
     )
     runs: int = option(2, help="at least this many runs", checks=[between(1, MAX_PROFILE_RUNS)])
-    train_iters: int = option(20, checks=[between(1, MAX_ITERATIONS)])
+    train_iters: int = option(
+        20, checks=[at_least(MIN_PROFILE_ITERATIONS, FIT_NEEDS), between(1, MAX_ITERATIONS)]
+    )
     tflops: float = tflops_flag()
     as_json: bool = json_flag()
 
@@ -77,9 +83,14 @@ def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> N
     )
     one_chunk = replace(recipe, parallel=replace(recipe.parallel, vpp=1))
     design = profile_design(
-        recipe.model, recipe.parallel, microbatch_count(one_chunk, settings.micro_batches), guess,
-        hbm_gib=settings.hbm_gb, standalone_mtp=settings.standalone_mtp, runs=settings.runs,
-    )  # fmt: skip
+        recipe.model,
+        recipe.parallel,
+        microbatch_count(one_chunk, settings.micro_batches),
+        guess,
+        hbm_gib=settings.hbm_gb,
+        standalone_mtp=settings.standalone_mtp,
+        runs=settings.runs,
+    )
     runs = [
         {
             "layout": str(layout),
@@ -91,10 +102,14 @@ def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> N
             design.layouts, design.predicted_ms, design.peak_memory_gib, strict=True
         )
     ]
-    report = {"units": list(design.columns), "rank": design.rank,
-              "condition_number": design.condition,
-              "worst_relative_error": design.worst_relative_error, "runs": runs,
-              "unidentified": list(design.unidentified)}  # fmt: skip
+    report = {
+        "units": list(design.columns),
+        "rank": design.rank,
+        "condition_number": design.condition,
+        "worst_relative_error": design.worst_relative_error,
+        "runs": runs,
+        "unidentified": list(design.unidentified),
+    }
     emit(report, settings.as_json, _print_profile_layouts, console)
 
 
@@ -111,8 +126,9 @@ def _print_profile_layouts(report: dict[str, Any], console: Console) -> None:
         console.print(
             f"run {index}: {run['layout']}  (predicted step {run['predicted_ms']:,.0f} ms with "
             f"the guessed costs, peak {run['peak_memory_gib']:.1f} GiB)",
-            highlight=False, markup=False,
-        )  # fmt: skip
+            highlight=False,
+            markup=False,
+        )
         console.print("    " + shlex.join(run["megatron_flags"]), highlight=False, markup=False)
     for line in report["unidentified"]:
         console.print(line, highlight=False, markup=False)
@@ -150,8 +166,11 @@ def run_ingest(settings: IngestSettings, console: Console) -> None:
             state = "stored" if result["stored"] else "already in the store, not counted twice"
             skipped = result["skipped_lines"]
             note = f", {skipped} malformed lines skipped" if skipped else ""
-            console.print(f"{text}: {result['run_id']} {state} ({result['timer_rows']} timer "
-                          f"rows{note})", highlight=False, markup=False)  # fmt: skip
+            console.print(
+                f"{text}: {result['run_id']} {state} ({result['timer_rows']} timer rows{note})",
+                highlight=False,
+                markup=False,
+            )
             for line in [*result["skipped_examples"], *result["notes"]]:
                 console.print(f"    {line}", highlight=False, markup=False)
 
@@ -171,8 +190,7 @@ class FitSettings(ModelSettings):
         help="GPUs per node in the runs (which links cross)",
         checks=[between(1, MAX_PARALLEL_SIZE)],
     )
-    output: str = option(names=["-o", "--output"], help="COSTS.json to write",
-                         checks=[new_file()])  # fmt: skip
+    output: str = option(names=["-o", "--output"], help="COSTS.json to write", checks=[new_file()])
     accept_residuals: bool = option(
         False, help="write the costs even where they miss a stage's timers by over the bound"
     )
@@ -184,31 +202,29 @@ class FitSettings(ModelSettings):
             raise ConfigError("give the runs either as --run LAYOUT=PATH or from --store DIR")
 
 
-def _observations_from_logs(
-    settings: FitSettings, recipe: Recipe
-) -> tuple[list[RunObservation], list[str]]:
-    """The logs straight to the fit, checked as ``ingest`` checks them; and their notes."""
-    observations, notes = [], []
-    for run in _logged_runs(settings.run, settings.micro_batches, settings, recipe):
-        observation, run_notes = observation_of_logged_run(run)
-        observations.append(observation)
-        notes += run_notes
-    return observations, notes
-
-
 def run_fit(settings: FitSettings, console: Console) -> None:
     recipe = settings.recipe()
-    notes: list[str] = []
+    notes: tuple[str, ...] = ()
     if settings.store:
         store = CostStore(settings.store)
-        observations = observations_from_store(store, settings.study, recipe.model,
-                                               recipe.parallel)  # fmt: skip
+        observations = observations_from_store(store, settings.study, recipe.model, recipe.parallel)
     else:
-        observations, notes = _observations_from_logs(settings, recipe)
-    result = fit_costs(recipe.model, recipe.parallel, observations,
-                       gpus_per_node=settings.gpus_per_node,
-                       accept_residuals=settings.accept_residuals,
-                       explicit=frozenset(settings.parallel.sizes_given()))  # fmt: skip
+        runs = _logged_runs(settings.run, settings.micro_batches, settings, recipe)
+        observations, notes = observations_of_logged_runs(runs, recipe.model)
+    explicit = frozenset(settings.parallel.sizes_given())
+    flags = memory_settings(recipe.megatron_args)
+    result = fit_costs(
+        recipe.model,
+        recipe.parallel,
+        observations,
+        gpus_per_node=settings.gpus_per_node,
+        accept_residuals=settings.accept_residuals,
+        explicit=explicit,
+        memory=flags,
+    )
+    sized = [(o.name, o.parallel) for o in observations if o.parallel is not None]
+    run_sizes, _ = runs_parallel(recipe.parallel, sized, explicit)
+    peaks = fit_memory(recipe.model, run_sizes, observations, result.costs, flags)
     save_costs(result.costs, settings.output)
     if settings.store:
         record_fit(store, settings.study, result, [o.name for o in observations])
@@ -221,7 +237,9 @@ def run_fit(settings: FitSettings, console: Console) -> None:
         "residuals": result.residuals,
         "warnings": list(result.warnings),
         "suggested_layouts": dict(result.suggested_layouts),
-        "notes": notes,
+        "notes": list(notes),
+        "memory_allocated_gib": peaks.allocated_gib,
+        "memory": [asdict(stage) for stage in peaks.stages],
     }
     emit(report, settings.as_json, partial(_print_fit, runs=len(observations)), console)
 
@@ -232,12 +250,17 @@ def _print_fit(report: dict[str, Any], console: Console, runs: int) -> None:
         table.add_column(column, justify="right")
     forward, backward, jitter = report["forward_ms"], report["backward_ms"], report["jitter_cv"]
     for unit in forward:
-        table.add_row(unit, f"{forward[unit]:.3f}", f"{backward[unit]:.3f}",
-                      f"{jitter.get(unit, 0.0):.3f}")  # fmt: skip
+        table.add_row(
+            unit, f"{forward[unit]:.3f}", f"{backward[unit]:.3f}", f"{jitter.get(unit, 0.0):.3f}"
+        )
     console.print(table)
     for name, errors in report["residuals"].items():
-        console.print(f"{name}: residual per PP rank " + " ".join(f"{e:+.1%}" for e in errors),
-                      highlight=False, markup=False)  # fmt: skip
+        console.print(
+            f"{name}: residual per PP rank " + " ".join(f"{e:+.1%}" for e in errors),
+            highlight=False,
+            markup=False,
+        )
+    _print_memory(report, console)
     for warning in report["warnings"]:
         console.print(f"warning: {warning}", highlight=False, markup=False)
     for name, layout in report["suggested_layouts"].items():
@@ -245,6 +268,29 @@ def _print_fit(report: dict[str, Any], console: Console, runs: int) -> None:
     for note in report["notes"]:
         console.print(f"note: {note}", highlight=False, markup=False)
     console.print(f"wrote {report['output']}", highlight=False)
+
+
+def _print_memory(report: dict[str, Any], console: Console) -> None:
+    """Each rank's measured max allocated against the prior and the calibrated prediction."""
+    if not report["memory"]:
+        return
+    fixed = report["memory_allocated_gib"]
+    table = Table(title=f"peak allocated per PP rank (fitted fixed allocation {fixed:.2f} GiB)")
+    for column in ("run", "PP rank", "measured GiB", "prior GiB", "prior error", "fitted GiB",
+                   "fitted error"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for row in report["memory"]:
+        measured, prior, fitted = row["measured_gib"], row["prior_gib"], row["fitted_gib"]
+        table.add_row(
+            row["run"],
+            str(row["pp_rank"]),
+            f"{measured:.2f}",
+            f"{prior:.2f}",
+            f"{prior / measured - 1:+.1%}",
+            f"{fitted:.2f}",
+            f"{fitted / measured - 1:+.1%}",
+        )
+    console.print(table)
 
 
 PROFILE_LAYOUTS = Command(

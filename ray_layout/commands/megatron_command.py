@@ -15,14 +15,14 @@ from typing import Any
 
 from rich.console import Console
 
-from launchers.megatron import ProfileSettings, environment_notes, megatron_arguments
+from launchers.megatron import MegatronRunSettings, environment_notes, megatron_arguments
 from ray_layout.commands.checks import between
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import option
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE
+from ray_layout.runtime.layout_runs import rank_env_of
 from ray_layout.runtime.placement import launch_env, planned_devices
-from ray_layout.runtime.profiling import rank_env_of
 
 MAX_ITERATIONS = 1_000_000
 MAX_RANK = 1_000_000
@@ -33,8 +33,9 @@ class MegatronCommandSettings(ModelSettings):
     layout: str | None = option(
         None, help="e.g. 'Et*5|t*6|t*5|mL' (default: the config's current split, else Megatron's)"
     )
-    rank: int = option(0, help="the global rank whose environment to show",
-                       checks=[between(0, MAX_RANK)])  # fmt: skip
+    rank: int = option(
+        0, help="the global rank whose environment to show", checks=[between(0, MAX_RANK)]
+    )
     megatron_path: str = option("/opt/megatron-lm", help="the Megatron-LM checkout on the nodes")
     python: str = option("python", help="the nodes' Python")
     train_iters: int = option(10, checks=[between(1, MAX_ITERATIONS)])
@@ -51,7 +52,7 @@ def run_megatron_command(settings: MegatronCommandSettings, console: Console) ->
     layout = Layout.parse(settings.layout, parallel.pp) if settings.layout else None
     if layout is None and recipe.split.layout:  # the script's own layout string: its current
         layout = Layout.parse(recipe.split.layout, parallel.pp)
-    profile = ProfileSettings(train_iters=settings.train_iters, keep_data=settings.keep_data)
+    profile = MegatronRunSettings(train_iters=settings.train_iters, keep_data=settings.keep_data)
     merged = megatron_arguments(recipe, layout, profile)
     script = str(Path(settings.megatron_path) / "pretrain_gpt.py")
     devices = planned_devices(parallel.world_size, settings.gpus_per_node)

@@ -30,7 +30,10 @@ from ray_layout.model.costs import UnitCosts
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe, check_pipeline_stages
 from ray_layout.runtime.sharding import ray_map_shards
-from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
+from search.overlap import unsimulated
+from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan, score_given
+from search.schedule import INTERLEAVED, INTERLEAVED_OVERLAP_P2P
+from search.what_if import what_ifs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +52,9 @@ class PlanSettings(ModelSettings):
         help="plan for each VPP in a list such as 1,2,4",
         parse=comma_integers("1,2,4"),
         checks=[each(between(1, MAX_PARALLEL_SIZE))],
+    )
+    compare_schedules: bool = option(
+        False, help="also score the listed layouts under blocking and overlapped p2p (VPP > 1)"
     )
     write_script: str | None = write_script_flag()
 
@@ -84,6 +90,8 @@ def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any
         "pp": recipe.parallel.pp,
         "vpp": recipe.parallel.vpp,
         "micro_batches": spec.num_microbatches,
+        "schedule": result.schedule,
+        "schedule_notes": list(unsimulated(recipe.megatron_args)),
         "method": result.method,
         "valid_layouts": result.valid_layouts,
         "space_size": result.space_size,
@@ -112,8 +120,9 @@ def _speedup(value: float | None) -> str:
 
 def compared(with_current: bool) -> tuple[Shown, ...]:
     """The speedup columns, in order: the current layout's first, and only where there is one."""
-    return tuple(shown for name, shown in SHOWN.items()
-                 if with_current or name is not BaselineName.CURRENT)  # fmt: skip
+    return tuple(
+        shown for name, shown in SHOWN.items() if with_current or name is not BaselineName.CURRENT
+    )
 
 
 def _speedups(row: dict[str, Any], columns: tuple[Shown, ...]) -> list[str]:
@@ -124,7 +133,7 @@ def _peak_memory(row: dict[str, Any]) -> str:
     """The largest stage's GiB and its rank: one cell however deep the pipeline (per-stage
     figures are in --json)."""
     rank, peak = largest_stage(row["memory_gib"])
-    return f"{peak:.0f} (rank {rank})" + ("" if row["fits"] else " OOM")
+    return f"{peak:.0f} (rank {rank})" + (" OOM" if row["fits"] is False else "")
 
 
 def _cells(label: str, row: dict[str, Any], speedups: list[str]) -> list[str]:
@@ -161,17 +170,35 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
     )
     scored = [b for b in report["baselines"] if "layout" in b]
     columns = compared(any(b["name"] == BaselineName.CURRENT for b in scored))
-    headers = ["#", "layout", "ties", "mean ms", "p90 ms", "slowest", "near", "peak GiB",
-               *(shown.column for shown in columns)]  # fmt: skip
-    ranked = [_cells(str(index), row, _speedups(row, columns))
-              for index, row in enumerate(report["candidates"], 1)]  # fmt: skip
-    compared_with = [_cells(SHOWN[BaselineName(base["name"])].label, base, [""] * len(columns))
-                     for base in scored]  # fmt: skip
+    headers = [
+        "#",
+        "layout",
+        "ties",
+        "mean ms",
+        "p90 ms",
+        "slowest",
+        "near",
+        "peak GiB",
+        *(shown.column for shown in columns),
+    ]
+    ranked = [
+        _cells(str(index), row, _speedups(row, columns))
+        for index, row in enumerate(report["candidates"], 1)
+    ]
+    compared_with = [
+        _cells(SHOWN[BaselineName(base["name"])].label, base, [""] * len(columns))
+        for base in scored
+    ]
     width = layout_width(console.width, headers, [*ranked, *compared_with])
     for index, column in enumerate(headers):
         layout = index == LAYOUT_COLUMN
-        table.add_column(column, justify="left" if layout else "right", no_wrap=not layout,
-                         overflow="fold", min_width=width if layout else None)  # fmt: skip
+        table.add_column(
+            column,
+            justify="left" if layout else "right",
+            no_wrap=not layout,
+            overflow="fold",
+            min_width=width if layout else None,
+        )
     for cells in ranked:
         table.add_row(*cells)
     table.add_section()
@@ -182,6 +209,10 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
         if "layout" not in base:
             console.print(f"{base['name']}: none ({base['reason']})", highlight=False)
     console.print(_searched(report), highlight=False)
+    for note in report.get("schedule_notes", ()):
+        console.print(f"not simulated: {note}", highlight=False, soft_wrap=True)
+    if "compare_schedules" in report:
+        _print_schedules(report["compare_schedules"], console)
     tied = sum(row.get("ties", 1) - 1 for row in report["candidates"])
     if tied:
         console.print(
@@ -200,7 +231,7 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
 def _searched(report: dict[str, Any]) -> str:
     """How much the search looked at, and what it proved about the rest."""
     searched = (
-        f"{report['scored']:,} layouts simulated by {report['method']}"
+        f"{report['scored']:,} layouts simulated{_schedule(report)} by {report['method']}"
         f" of {report['space_size']:,} in the space ({report['valid_layouts']:,} valid), "
         f"{report['monte_carlo']:,} with Monte Carlo jitter"
     )
@@ -212,22 +243,34 @@ def _searched(report: dict[str, Any]) -> str:
         if report["search_complete"]:
             searched += f"proven: every layout not listed takes >= {bound:,.1f} ms"
         else:
-            searched += f"search budget spent: no layout is faster than {bound:,.1f} ms"
-            if report["candidates"]:
-                gap = 1 - bound / report["candidates"][0]["noise_free_ms"]
-                searched += f", so the pick is within {max(gap, 0):.1%} of the optimum"
+            searched += _unfinished_claim(bound, report["candidates"])
             if report.get("bound_reason"):
                 searched += f" ({report['bound_reason']})"
     return searched
 
 
+def _unfinished_claim(bound: float, candidates: list[dict[str, Any]]) -> str:
+    """What a search cut short proved, and never more: the bound covers the layouts not listed,
+    so a pick at or under it is optimal, and one above it is within the gap."""
+    claim = f"search budget spent: every layout not listed takes >= {bound:,.1f} ms"
+    if not candidates:
+        return claim
+    pick = candidates[0]["noise_free_ms"]
+    if pick <= bound:
+        return claim + ", so the pick is optimal (the rest of the top is not proven)"
+    return claim + f", so the pick is within {1 - bound / pick:.1%} of the optimum"
+
+
 def _search(settings: PlanSettings, recipe: Recipe) -> tuple[SearchSpec, PlanOptions]:
     check_search_size(recipe)
     return search_spec(
-        recipe, settings.search, top=settings.top, shards=settings.shards,
+        recipe,
+        settings.search,
+        top=settings.top,
+        shards=settings.shards,
         allow_standalone_mtp=settings.allow_standalone_mtp,
         allow_empty_stages=settings.allow_empty_stages,
-    )  # fmt: skip
+    )
 
 
 def _planned(
@@ -245,6 +288,10 @@ def _planned(
     return plan_report(recipe, found, spec)
 
 
+def _schedule(report: dict[str, Any]) -> str:
+    return f" ({report['schedule']})" if "schedule" in report else ""
+
+
 def _progress(line: str) -> None:
     """A long search's progress, on stderr so that --json output stays one document."""
     print(f"plan: {line}", file=sys.stderr, flush=True)
@@ -257,14 +304,15 @@ def _sweep_vpp(settings: PlanSettings, recipe: Recipe, costs: UnitCosts) -> dict
     rows: list[dict[str, Any]] = []
     for vpp in settings.sweep_vpp or ():
         run = replace(recipe, parallel=replace(recipe.parallel, vpp=vpp))
-        try:
-            search = _search(settings, run)
-        except InputError as exc:  # a VPP this schedule cannot run is a row, not the end
+        try:  # a VPP this schedule or model cannot run is a row, not the end
+            report = _planned(settings, run, costs, *_search(settings, run))
+        except InputError as exc:
             rows.append({"vpp": vpp, "skipped": str(exc)})
             continue
-        report = _planned(settings, run, costs, *search)
         best = report["candidates"][0] if report["candidates"] else None
-        rows.append({"vpp": vpp, "best": best, "method": report["method"]})
+        rows.append(
+            {"vpp": vpp, "best": best, "schedule": report["schedule"], "method": report["method"]}
+        )
     return {"sweep": rows}
 
 
@@ -280,8 +328,9 @@ def _print_sweep(report: dict[str, Any], console: Console, title: str) -> None:
             skipped = row.get("skipped", "no layout fits")
             table.add_row(str(row["vpp"]), skipped, "", *[""] * len(columns))
             continue
-        table.add_row(str(row["vpp"]), best["layout"], f"{best['mean_ms']:,.1f}",
-                      *_speedups(best, columns))  # fmt: skip
+        table.add_row(
+            str(row["vpp"]), best["layout"], f"{best['mean_ms']:,.1f}", *_speedups(best, columns)
+        )
     console.print(table)
 
 
@@ -295,8 +344,14 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
         emit(_sweep_vpp(settings, recipe, costs), settings.as_json, show, console)
     else:
         report = _planned(settings, recipe, costs, *_search(settings, recipe))
+        if settings.compare_schedules:
+            problem = Problem.of(recipe, costs, *_search(settings, recipe))
+            report["compare_schedules"] = _compare_schedules(problem, report)
         emit(report, settings.as_json, print_plan, console)
-        check_memory(report, settings.search.hbm_gb)
+        hint = ""
+        if settings.search.hbm_gb is not None and not report["candidates"]:
+            hint = _what_if(Problem.of(recipe, costs, *_search(settings, recipe)))
+        check_memory(report, settings.search.hbm_gb, hint)
         if settings.write_script and report["candidates"]:
             best = report["candidates"][0]
             current, default = SHOWN[BaselineName.CURRENT].key, SHOWN[BaselineName.DEFAULT].key
@@ -308,9 +363,46 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
             print(f"plan: wrote {settings.write_script}", file=sys.stderr)
 
 
-def check_memory(report: dict[str, Any], hbm_gib: float | None) -> None:
+def _compare_schedules(problem: Problem, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The listed layouts' mean steps under blocking and overlapped p2p: what overlap buys."""
+    if problem.parallel.vpp == 1:
+        raise ConfigError("--compare-schedules needs VPP > 1: 1F1B has no p2p overlap")
+    rows = []
+    for row in report["candidates"]:
+        layout = Layout.parse(row["layout"], problem.parallel.pp)
+        steps = {
+            name: score_given(layout, replace(problem, overlap_p2p=overlap)).mean_ms
+            for overlap, name in ((False, INTERLEAVED), (True, INTERLEAVED_OVERLAP_P2P))
+        }
+        rows.append({"layout": row["layout"], **steps})
+    return rows
+
+
+def _print_schedules(rows: list[dict[str, Any]], console: Console) -> None:
+    table = Table(title="the same layouts under each p2p mode (mean ms)")
+    for column in ("layout", INTERLEAVED, INTERLEAVED_OVERLAP_P2P, "overlap saves"):
+        table.add_column(column, justify="left" if column == "layout" else "right")
+    for row in rows:
+        blocking, overlapped = row[INTERLEAVED], row[INTERLEAVED_OVERLAP_P2P]
+        saved = f"{1 - overlapped / blocking:+.1%}"
+        table.add_row(row["layout"], f"{blocking:,.1f}", f"{overlapped:,.1f}", saved)
+    console.print(table)
+
+
+def _what_if(problem: Problem) -> str:
+    """Each memory setting the job could add, re-planned: one line each on stderr; the first
+    that fits (the cheapest) becomes the error's hint."""
+    hbm = problem.options.hbm_gib or 0.0
+    found = what_ifs(problem)
+    for what_if in found:
+        print(f"plan: {what_if.line(hbm)}", file=sys.stderr)
+    fitting = [w for w in found if w.layout is not None]
+    return fitting[0].line(hbm) if fitting else ""
+
+
+def check_memory(report: dict[str, Any], hbm_gib: float | None, hint: str = "") -> None:
     """A pick is never shown as fitting when memory was not checked, nor a plan as done when
-    nothing fits."""
+    nothing fits; ``hint`` (a what-if that fits) replaces the generic advice."""
     if hbm_gib is None and report["candidates"]:
         print(unchecked_memory_note(report["candidates"][0]["memory_gib"]), file=sys.stderr)
     elif hbm_gib is not None and not report["candidates"]:
@@ -320,10 +412,8 @@ def check_memory(report: dict[str, Any], hbm_gib: float | None) -> None:
             if smallest
             else ("no layout was scored")
         )
-        raise ConfigError(
-            f"no layout fits in --hbm-gb {hbm_gib:g}: {found}; more EP or TP, activation "
-            "recompute, or a smaller micro-batch lowers it"
-        )
+        advice = hint or "more EP or TP, activation recompute, or a smaller micro-batch lowers it"
+        raise ConfigError(f"no layout fits in --hbm-gb {hbm_gib:g}: {found}; {advice}")
 
 
 def _start_ray(address: str | None, shards: int) -> None:
@@ -333,8 +423,12 @@ def _start_ray(address: str | None, shards: int) -> None:
         if address:
             ray.init(address=address, logging_level="ERROR")
         else:
-            ray.init(num_cpus=shards, include_dashboard=False, logging_level="ERROR",
-                     object_store_memory=200 * 2**20)  # fmt: skip
+            ray.init(
+                num_cpus=shards,
+                include_dashboard=False,
+                logging_level="ERROR",
+                object_store_memory=200 * 2**20,
+            )
 
 
 PLAN = Command("plan", "rank every valid layout by simulated step time", PlanSettings, run_plan)

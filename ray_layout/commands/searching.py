@@ -32,6 +32,7 @@ from ray_layout.model.costs import (
 from ray_layout.model.layout import check_interleaving
 from ray_layout.model.sizing import DECODER, DENSE_DECODER, MOE_DECODER
 from ray_layout.model.spec import Recipe
+from search.overlap import overlap_p2p_comm
 from search.planner import Candidate, PlanOptions, SearchSpec
 from search.schedule import compile_schedule
 
@@ -116,10 +117,16 @@ def unusable_costs(costs: UnitCosts) -> str | None:
         for unit, value in getattr(costs, name).items()
     } | {
         name: getattr(costs, name)
-        for name in ("p2p_intra_node_ms", "p2p_inter_node_ms", "grad_sync_ms_per_gparam",
-                     "optimizer_ms_per_gparam", "memory_overhead_gib", "mtp_standalone_factor",
-                     "tail_fixed_ms")
-    }  # fmt: skip
+        for name in (
+            "p2p_intra_node_ms",
+            "p2p_inter_node_ms",
+            "grad_sync_ms_per_gparam",
+            "optimizer_ms_per_gparam",
+            "memory_overhead_gib",
+            "mtp_standalone_factor",
+            "tail_fixed_ms",
+        )
+    }
     for name, value in numbers.items():
         if value > MAX_COST:
             return f"{name} must be <= {MAX_COST:g}, got {value:g}"
@@ -154,7 +161,7 @@ def microbatch_count(recipe: Recipe, given: int | None, group_size: int | None =
             f"forward passes per step, more than the {MAX_SCHEDULE_SLOTS:,} a search simulates; "
             "give fewer micro-batches"
         )
-    check_interleaving(parallel.pp, parallel.vpp)
+    check_interleaving(parallel.pp, parallel.vpp, overlap_p2p_comm(recipe.megatron_args))
     try:
         compile_schedule(parallel.pp, parallel.vpp, microbatches, group_size)
     except ValueError as exc:

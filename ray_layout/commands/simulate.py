@@ -21,6 +21,7 @@ from ray_layout.commands.searching import (
     unit_costs,
 )
 from ray_layout.commands.validate import LAYOUT_HELP
+from ray_layout.errors import ConfigError
 from ray_layout.model.layout import Layout, validate
 from ray_layout.report.plots import draw_timeline
 from search.planner import Problem, simulate_given
@@ -49,6 +50,12 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
     else:
         layout, source = Layout.parse(settings.layout, recipe.parallel.pp), "given"
     validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
+    given_vpp = settings.parallel.vpp
+    if given_vpp is not None and given_vpp != layout.vpp:
+        raise ConfigError(
+            f"--vpp {given_vpp} contradicts the layout {layout}, which has VPP={layout.vpp} "
+            f"({layout.pp * layout.vpp} stages on PP={layout.pp}): give one of them"
+        )
     recipe = replace(recipe, parallel=replace(recipe.parallel, vpp=layout.vpp))
     search = settings.search
     costs = unit_costs(search.costs, recipe, search.allow_cost_mismatch, search.tflops)

@@ -18,10 +18,11 @@ from ray_layout.model.sizing import (
     StageSize,
     parameter_count,
     stage_sizes,
-    static_memory,
     unit_sizes,
 )
-from ray_layout.model.spec import Recipe
+from ray_layout.model.spec import ParallelConfig, Recipe
+from search.memory import static_bytes
+from search.memory_settings import MemorySettings, memory_settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +44,7 @@ def size_report(recipe: Recipe, layout: Layout, layout_source: str) -> dict[str,
     counts = parameter_count(model)
     units = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
     reference = units.get(DECODER) or units.get("t_moe")
+    flags = memory_settings(recipe.megatron_args)  # the job's optimizer dtypes and offload
     return {
         "model": model.name,
         "parallel": asdict(parallel),
@@ -54,26 +56,30 @@ def size_report(recipe: Recipe, layout: Layout, layout_source: str) -> dict[str,
                 "active_params": unit.params.active,
                 "forward_gflops_per_microbatch": unit.forward_flops / 1e9,
                 "flops_vs_decoder_layer": unit.forward_flops / reference.forward_flops,
-                "static_memory_gib": static_memory(unit.params, parallel).total / GIB,
+                "static_memory_gib": static_bytes(unit.params, parallel, flags).total / GIB,
             }
             for name, unit in units.items()
         ],
         "layout": str(layout),
         "layout_source": layout_source,
-        "stages": [_stage_row(stage) for stage in stage_sizes(model, parallel, layout.stages)],
+        "stages": [
+            _stage_row(stage, parallel, flags)
+            for stage in stage_sizes(model, parallel, layout.stages)
+        ],
     }
 
 
-def _stage_row(stage: StageSize) -> dict[str, Any]:
+def _stage_row(stage: StageSize, parallel: ParallelConfig, flags: MemorySettings) -> dict[str, Any]:
+    memory = static_bytes(stage.params, parallel, flags)
     return {
         "pp_rank": stage.pp_rank,
         "units": stage.units,
         "params": stage.params.total,
         "forward_gflops_per_microbatch": stage.forward_flops / 1e9,
-        "weights_gib": stage.memory.weights / GIB,
-        "gradients_gib": stage.memory.gradients / GIB,
-        "optimizer_gib": stage.memory.optimizer / GIB,
-        "static_memory_gib": stage.memory.total / GIB,
+        "weights_gib": memory.weights / GIB,
+        "gradients_gib": memory.gradients / GIB,
+        "optimizer_gib": memory.optimizer / GIB,
+        "static_memory_gib": memory.total / GIB,
     }
 
 
@@ -87,6 +93,13 @@ def print_size(report: dict[str, Any], console: Console) -> None:
         + (
             f", MTP apart); MTP layers {_billions(counts['mtp'])}" if counts["mtp"] else "); no MTP"
         ),
+        highlight=False,
+    )
+    console.print(
+        "active without embedding and output layer "
+        f"{_billions(counts['active_without_embedding_and_output'])} (as GLM and MiniMax count); "
+        f"without the input embedding {_billions(counts['active_without_input_embedding'])} "
+        "(as gpt-oss counts)",
         highlight=False,
     )
     console.print(

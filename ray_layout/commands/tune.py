@@ -1,7 +1,7 @@
 """``python -m ray_layout.tune``: the tune command, from flags to the driver's settings.
 
 Every setting is checked here, before any cluster is started or joined; the driver
-(``ray_layout.driver.tune``) then runs size, profile, fit, search, A/B, refit and report.
+(``ray_layout.tuning.loop``) then runs size, profile, fit, search, A/B, refit and report.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ray_layout.commands.checks import (
 )
 from ray_layout.commands.common import Command, ModelSettings, command_parser, execute, json_flag
 from ray_layout.commands.flags import Settings, option
-from ray_layout.commands.profile import BackendFlags, RunPolicyFlags
+from ray_layout.commands.profile import BackendFlags, RunPolicyFlags, log_dir_flag
 from ray_layout.commands.searching import (
     check_sampled_work,
     check_search_size,
@@ -41,14 +41,15 @@ from ray_layout.commands.searching import (
     microbatch_count,
 )
 from ray_layout.commands.tuned_script import comment_line, write_script_flag, write_tuned_script
-from ray_layout.driver.settings import TuneSettings, study_id
-from ray_layout.driver.tune import run_tune
 from ray_layout.errors import EXIT_INTERRUPTED, ConfigError
+from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
 from ray_layout.measure.observations import STEP_WARMUP
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
 from ray_layout.report.summary import TuneSummary, speedups
 from ray_layout.runtime.local import connected
+from ray_layout.tuning.loop import run_tune
+from ray_layout.tuning.settings import TuneSettings, study_id
 
 DESCRIPTION = (
     "Measure, search and A/B-test pipeline layouts on a Ray cluster; report the "
@@ -110,9 +111,10 @@ class TuneFlags(ModelSettings):
     runner: BackendFlags = field(default_factory=BackendFlags)
     hbm_gb: float | None = hbm_flag("GPU memory limit in GiB for the search")
     ab_top: int = option(
-        _TUNE["ab_top"], help="how many top layouts to A/B-test with the baselines (0: none)",
+        _TUNE["ab_top"],
+        help="how many top layouts to A/B-test with the baselines (0: none)",
         checks=[at_least(0)],
-    )  # fmt: skip
+    )
     store: str = option("ray_layout_store", help="the cost store folder", checks=[folder_or_new])
     study: str | None = option(
         None,
@@ -122,11 +124,7 @@ class TuneFlags(ModelSettings):
     report_dir: str | None = option(
         None, help="default: ray_layout_report/<study>", checks=[folder_or_new]
     )
-    log_dir: str | None = option(
-        None,
-        help="also write every rank's raw log here (results come back through Ray either way)",
-        checks=[folder_or_new],
-    )
+    log_dir: str | None = log_dir_flag()
     ray_address: str | None = option(
         None,
         help="a running cluster (default: $RAY_ADDRESS, else an "
@@ -142,14 +140,15 @@ class TuneFlags(ModelSettings):
     profile_iters: int = option(
         _TUNE["profile_iters"],
         checks=[
-            at_least(STEP_WARMUP + 2, f"the fit drops the first {STEP_WARMUP}"),
+            at_least(MIN_PROFILE_ITERATIONS, FIT_NEEDS),
+            at_least(STEP_WARMUP + 2, f"the step fit drops the first {STEP_WARMUP}"),
             between(1, MAX_ITERATIONS),
         ],
     )
     runs_at_once: int | None = option(
         _TUNE["runs_at_once"],
-        help="at most this many runs side by side (default: as many as fit; 1 keeps emulated "
-        "runs on a small machine from sharing its cores)",
+        help="at most this many runs side by side (default: as many as fit, one on the "
+        "megatron-core backend; 1 keeps emulated runs on a small machine from sharing its cores)",
         checks=[at_least(1)],
     )
     ab: ABFlags = field(default_factory=ABFlags)
@@ -182,7 +181,7 @@ def tune_settings(flags: TuneFlags, recipe: Recipe, gpus_per_node: int) -> TuneS
         samples=flags.samples,
         seed=flags.seed,
         allow_standalone_mtp=flags.allow_standalone_mtp,
-        runs_at_once=flags.runs_at_once,
+        runs_at_once=flags.runs_at_once or backend.runs_at_once,
     )
 
 
@@ -223,8 +222,16 @@ def run(flags: TuneFlags, console: Console, cancel: threading.Event) -> None:
         console.print(f"wrote {flags.write_script}", highlight=False)
     if flags.as_json:
         report_dir = str(settings.report_dir)
-        print(json.dumps({"pick": str(summary.pick), "flags": list(summary.flags),
-                          "study": summary.study, "report_dir": report_dir}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "pick": str(summary.pick),
+                    "flags": list(summary.flags),
+                    "study": summary.study,
+                    "report_dir": report_dir,
+                }
+            )
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

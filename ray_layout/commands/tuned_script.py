@@ -24,8 +24,12 @@ _FILE_CONFIGS = (".yaml", ".yml", ".json")
 
 
 def write_script_flag() -> Any:
-    return option(None, help="write a copy of CONFIG (a launch script) with the pick as its split",
-                  metavar="OUT", checks=[new_file()])  # fmt: skip
+    return option(
+        None,
+        help="write a copy of CONFIG (a launch script) with the pick as its split",
+        metavar="OUT",
+        checks=[new_file()],
+    )
 
 
 def comment_line(
@@ -43,8 +47,9 @@ def write_tuned_script(settings: ModelSettings, out: str, layout: Layout, commen
     source = settings.config
     path = Path(source)
     if not path.is_file() or path.suffix.lower() in _FILE_CONFIGS:
-        raise ConfigError(f"--write-script needs a launch script or model file as CONFIG, not "
-                          f"{source[:80]!r}")  # fmt: skip
+        raise ConfigError(
+            f"--write-script needs a launch script or model file as CONFIG, not {source[:80]!r}"
+        )
     text = read_script_file(path, source)
     written = rewrite_split(text, source, layout, comment, settings.overrides().environment)
     _check_reads_back(settings, written, layout, out)
@@ -62,11 +67,14 @@ def _check_reads_back(settings: ModelSettings, written: str, layout: Layout, out
             m, p = recipe.model, recipe.parallel
             got = current_layout(m.num_layers, m.mtp_num_layers, p.pp, p.vpp, recipe.split)
         except InputError as exc:
-            raise ConfigError(f"--write-script {out}: the written script does not read back "
-                              f"({exc})") from None  # fmt: skip
+            raise ConfigError(
+                f"--write-script {out}: the written script does not read back ({exc})"
+            ) from None
     if got is None or got.stages != layout.stages:
-        raise ConfigError(f"--write-script {out}: the written script reads back as {got}, not "
-                          f"{layout}; nothing written")  # fmt: skip
+        raise ConfigError(
+            f"--write-script {out}: the written script reads back as {got}, not "
+            f"{layout}; nothing written"
+        )
 
 
 def _write(path: Path, text: str, mode: int) -> None:

@@ -22,13 +22,15 @@ class ValidateSettings(Settings):
     pp: int = option(checks=[between(1, MAX_PARALLEL_SIZE)])
     num_layers: int = option(checks=[between(1, MAX_LAYERS)])
     mtp_layers: int = option(0, checks=[between(0, MAX_LAYERS)])
-    overlap_p2p_comm: bool = option(False)
+    overlap_p2p_communication: bool = option(
+        False, help="Megatron's p2p overlap, which lets VPP run on PP 2"
+    )
     as_json: bool = json_flag()
 
 
 def run_validate(settings: ValidateSettings, console: Console) -> None:
     layout = Layout.parse(settings.layout, settings.pp)
-    check_interleaving(settings.pp, layout.vpp, settings.overlap_p2p_comm)
+    check_interleaving(settings.pp, layout.vpp, settings.overlap_p2p_communication)
     standalone = validate(layout, settings.num_layers, settings.mtp_layers)
     warnings = placement_problems(layout)
     report = {

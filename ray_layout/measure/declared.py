@@ -12,20 +12,21 @@ declaration is refused with one line naming both; where the user left a size to 
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ray_layout.errors import ConfigError, LayoutError, MeasurementError
-from ray_layout.measure.log_records import WARMUP_INTERVALS, ParsedLog
-from ray_layout.measure.log_world import LogWorld
+from ray_layout.measure.log_records import MIN_STEADY_INTERVALS, WARMUP_INTERVALS, ParsedLog
+from ray_layout.measure.log_world import INTEGER, LogWorld
+from ray_layout.measure.observations import unmeasurable
 from ray_layout.model.costs import stage_units
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.sizing import DECODER, EMBEDDING, LOSS, MTP
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 
-MIN_STEADY_INTERVALS = 3  # after the WARMUP_INTERVALS the fit drops: enough for a mean and a spread
 _COMPUTE = ("forward-compute", "backward-compute")
 
 
@@ -47,15 +48,22 @@ def check_log(
     num_microbatches: int | None,
     source: str,
     explicit: Collection[str] = (),
+    model: ModelSpec | None = None,
 ) -> CheckedRun:
-    """The run ``parsed`` shows, checked against the declared layout, sizes and micro-batches.
+    """The run ``parsed`` shows, checked against the declared layout, sizes, micro-batches and,
+    when given, ``model`` (the shape its arguments print).
 
     ``explicit`` names the sizes (``ParallelConfig`` fields: tp, pp, dp, ...) the user gave
     for this run; any other size the log states replaces the declared one, with a note.
     Raises :class:`ConfigError` when the log contradicts the declaration and
-    :class:`MeasurementError` when it is too short or lacks ranks to be measured from.
+    :class:`MeasurementError` when it is too short, lacks ranks or holds more than one run.
     """
-    parallel, notes = settle_world(parsed.world, parallel, explicit, source)
+    if model is not None:
+        check_shape(parsed.arguments, model, source)
+    stated = {ARGUMENT_SIZES[k]: v for k, v in _integers(parsed.arguments).items()}
+    parallel, notes = take_stated(stated, parallel, explicit, source)
+    parallel, world_notes = settle_world(parsed.world, parallel, explicit, source)
+    notes += world_notes
     if parallel.pp != layout.pp:
         try:
             layout = Layout.parse(str(layout), parallel.pp)
@@ -63,11 +71,134 @@ def check_log(
             raise ConfigError(f"{source}: with the log's PP {parallel.pp}: {exc}") from None
         notes += (f"{source}: layout {layout} read with the log's PP {parallel.pp}",)
     parallel = replace(parallel, vpp=layout.vpp)
+    check_one_run(parsed, source)
     parsed, cut = complete_blocks(parsed, parallel.world_size, source)
     notes += cut
+    if (problem := unmeasurable(parsed.timers)) is not None:
+        raise MeasurementError(f"{source}: {problem}")  # no fit may use it: not stored either
     check_pipeline(parsed, layout, source)
-    microbatches = check_microbatches(parsed, parallel, num_microbatches, source)
+    check_stated_layout(parsed, layout, source)
+    microbatches = check_microbatches(parsed, parallel, num_microbatches, source, explicit)
     return CheckedRun(parsed, layout, parallel, microbatches, notes)
+
+
+# Megatron's argument names for the sizes a log states, as ``ParallelConfig`` names them.
+ARGUMENT_SIZES = {
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "expert_model_parallel_size": "ep",
+    "expert_tensor_parallel_size": "etp",
+    "data_parallel_size": "dp",
+    "micro_batch_size": "micro_batch_size",
+    "global_batch_size": "global_batch_size",
+}
+# The model's shape as the arguments print it (``ModelSpec``'s names); those printed ``None``
+# for 0 in NONE_IS_ZERO, the experts' own only compared for MoE models.
+SHAPE_ARGUMENTS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "ffn_hidden_size",
+    "seq_length",
+    "num_experts",
+    "mtp_num_layers",
+)
+MOE_ARGUMENTS = ("moe_ffn_hidden_size", "moe_router_topk")
+NONE_IS_ZERO = frozenset({"num_experts", "mtp_num_layers"})
+# p2p timers only one of Megatron's two pipeline schedules times (megatron/core/pipeline_parallel/
+# schedules.py): the interleaved one combines a send with the next receive in one direction.
+ONE_F_ONE_B_TIMERS = frozenset(
+    {"forward-send", "backward-send", "forward-send-backward-recv", "backward-send-forward-recv"}
+)
+INTERLEAVED_TIMERS = frozenset(
+    {
+        "forward-send-forward-recv",
+        "backward-send-backward-recv",
+        "forward-backward-send-forward-backward-recv",
+    }
+)
+
+
+def _integers(arguments: Mapping[str, str], names: Collection[str] = ARGUMENT_SIZES) -> dict:
+    """The named arguments printed as integers (``None`` as 0 where NONE_IS_ZERO says so)."""
+    found = {}
+    for name in names:
+        text = arguments.get(name)
+        if text is not None and re.fullmatch(INTEGER, text):
+            found[name] = int(text)
+        elif text == "None" and name in NONE_IS_ZERO:
+            found[name] = 0
+    return found
+
+
+def check_shape(arguments: Mapping[str, str], model: ModelSpec, source: str) -> None:
+    """Refuse the log of another model: a shape its arguments print that the config's lacks."""
+    printed = _integers(arguments, SHAPE_ARGUMENTS)
+    if printed.get("num_experts") and model.num_experts:
+        printed |= _integers(arguments, MOE_ARGUMENTS)
+    for name, value in printed.items():
+        if value != getattr(model, name):
+            raise ConfigError(
+                f"{source}: the log's arguments say {name} {value}, but the config's model "
+                f"{model.name!r} has {getattr(model, name)}: a log of another model"
+            )
+
+
+def check_stated_layout(parsed: ParsedLog, layout: Layout, source: str) -> None:
+    """The layout and VPP the log states (its arguments, the p2p timers its schedule times)
+    against the declared layout: a VPP-2 layout declared for a VPP-1 log is refused."""
+    vpp_text = parsed.arguments.get("virtual_pipeline_model_parallel_size")
+    if vpp_text is not None and (re.fullmatch(INTEGER, vpp_text) or vpp_text == "None"):
+        vpp = 1 if vpp_text == "None" else int(vpp_text)
+        if vpp != layout.vpp:
+            raise ConfigError(
+                f"{source}: the log's arguments say virtual_pipeline_model_parallel_size "
+                f"{vpp_text}, but layout {layout} is VPP {layout.vpp} on PP {layout.pp}"
+            )
+    stated = parsed.arguments.get("pipeline_model_parallel_layout", "None").strip("'\"")
+    if stated != "None":
+        try:
+            theirs = Layout.parse(stated, layout.pp)
+        except LayoutError:
+            theirs = None  # a form this reader does not take: the timers still judge it
+        if theirs is not None and str(theirs) != str(layout):
+            raise ConfigError(
+                f"{source}: the log's arguments say pipeline_model_parallel_layout {theirs}, "
+                f"but the run was declared as layout {layout}"
+            )
+    timed = {record.timer for record in parsed.timers if record.rank is not None}
+    interleaved, plain = sorted(timed & INTERLEAVED_TIMERS), sorted(timed & ONE_F_ONE_B_TIMERS)
+    if interleaved and layout.vpp == 1:
+        raise ConfigError(
+            f"{source}: the timers show the interleaved schedule ({interleaved[0]}), so VPP "
+            f"over 1, but layout {layout} is VPP 1 on PP {layout.pp}"
+        )
+    if plain and not interleaved and layout.vpp > 1:
+        raise ConfigError(
+            f"{source}: the timers show the non-interleaved schedule ({plain[0]}, and none "
+            f"of the interleaved one's), so VPP 1, but layout {layout} is VPP {layout.vpp} on "
+            f"PP {layout.pp}"
+        )
+
+
+def check_one_run(parsed: ParsedLog, source: str) -> None:
+    """Refuse a log of several runs: a restarted job appended to the same file, or two runs'
+    lines mixed, shows an iteration counter that goes back (or stands still); rank 0 states
+    its world again at each start."""
+    if parsed.world is not None and parsed.world.earlier:
+        raise MeasurementError(
+            f"{source}: the log states its world at lines "
+            f"{', '.join(map(str, (*parsed.world.earlier, parsed.world.line)))}: a job started "
+            "more than once into it (a restart appended); give each run's own log"
+        )
+    for before, after in itertools.pairwise(parsed.iterations):
+        if after.iteration <= before.iteration:
+            raise MeasurementError(
+                f"{source}: iteration {after.iteration} follows iteration {before.iteration}: "
+                "the log holds more than one run (a restarted job appended to it, or two "
+                "runs' lines mixed); give each run's own log"
+            )
 
 
 def settle_world(
@@ -78,16 +209,7 @@ def settle_world(
     if world is None:
         return parallel, ()
     where = f"{source} (line {world.line}) states {world.describe()}"
-    taken, notes = {}, []
-    for name, size in world.sizes.items():
-        declared = getattr(parallel, name)
-        if size == declared:
-            continue
-        if name in explicit:
-            raise ConfigError(f"{where}, but the run was given {name.upper()} {declared}")
-        taken[name] = size
-        notes.append(f"{name.upper()} {size} from the log (the config says {declared})")
-    settled = replace(parallel, **taken)
+    settled, notes = take_stated(world.sizes, parallel, explicit, source, where)
     if settled.world_size != world.world_size:
         raise ConfigError(
             f"{where}, but TP·CP·DP·PP = {settled.world_size} for the run "
@@ -99,7 +221,31 @@ def settle_world(
             f"{where}: {per_stage} GPU(s) per pipeline stage cannot hold EP {settled.ep} × "
             f"ETP {settled.etp} of the run's config"
         )
-    return settled, tuple(f"{source}: {note}" for note in notes)
+    return settled, notes
+
+
+def take_stated(
+    stated: Mapping[str, int],
+    parallel: ParallelConfig,
+    explicit: Collection[str],
+    source: str,
+    where: str | None = None,
+) -> tuple[ParallelConfig, tuple[str, ...]]:
+    """The sizes a log states (``where``: the line that states them all; default: its
+    arguments) in place of the declared ones; refused where the user gave another explicitly,
+    noted where it came from the config."""
+    taken, notes = {}, []
+    for name, size in stated.items():
+        declared = getattr(parallel, name)
+        if size == declared:
+            continue
+        label = name.replace("_", " ") if "batch" in name else name.upper()
+        if name in explicit:
+            said = where or f"{source}: the log's arguments state {label} {size}"
+            raise ConfigError(f"{said}, but the run was given {label} {declared}")
+        taken[name] = size
+        notes.append(f"{source}: {label} {size} from the log (the config says {declared})")
+    return replace(parallel, **taken), tuple(notes)
 
 
 def complete_blocks(
@@ -176,11 +322,21 @@ def check_pipeline(parsed: ParsedLog, layout: Layout, source: str) -> None:
 
 
 def check_microbatches(
-    parsed: ParsedLog, parallel: ParallelConfig, given: int | None, source: str
+    parsed: ParsedLog,
+    parallel: ParallelConfig,
+    given: int | None,
+    source: str,
+    explicit: Collection[str] = (),
 ) -> int:
     """Micro-batches per step: the log's global batch size / (micro-batch size × DP), which a
-    given count must equal; the given count where the log prints no batch size."""
+    given count (and a global batch size given explicitly) must equal; the given count where
+    the log prints no batch size."""
     sizes = {it.global_batch_size for it in parsed.iterations if it.global_batch_size}
+    if "global_batch_size" in explicit and sizes and sizes != {parallel.global_batch_size}:
+        raise ConfigError(
+            f"{source}: the log's global batch size is {min(sizes)}, but "
+            f"--global-batch-size {parallel.global_batch_size} was given"
+        )
     if len(sizes) > 1:
         raise MeasurementError(
             f"{source}: the global batch size changes within the log ({sorted(sizes)}): a "

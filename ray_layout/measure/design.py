@@ -72,17 +72,63 @@ def relative_errors(designs: np.ndarray, unit_ms: np.ndarray) -> np.ndarray:
     Weighted, a row is each unit's share of its rank's time, so this is the diagonal of
     (S^T S)^-1 for the shares S: a unit beside heavier ones on every rank it shares is lost in
     their noise however well conditioned the counts are (1 ms E beside 40 ms of layers)."""
+    return share_errors(unit_shares(designs, unit_ms))
+
+
+def unit_shares(designs: np.ndarray, unit_ms: np.ndarray) -> np.ndarray:
+    """(..., rows, U): each unit's share of its rank's time, the rows the weighted fit sees."""
     cost = np.maximum(unit_ms, TIMER_RESOLUTION_MS)
-    shares = designs * cost / timer_spread(designs @ cost)[..., None]
+    return designs * cost / timer_spread(designs @ cost)[..., None]
+
+
+def share_errors(shares: np.ndarray) -> np.ndarray:
+    """:func:`relative_errors` of stacked share rows (n, rows, U)."""
     _, values, vt = np.linalg.svd(shares, full_matrices=False)
     usable = values[:, -1:] > 1e-9 * values[:, :1]
     variance = ((vt / np.where(usable, values, 1.0)[..., None]) ** 2).sum(axis=1)
-    full = usable[:, 0] & (values.shape[1] == designs.shape[2])
+    full = usable[:, 0] & (values.shape[1] == shares.shape[2])
     return np.where(full[:, None], np.sqrt(variance), np.inf)
 
 
-PROFILE_FLAGS = ("--timing-log-level", "2", "--timing-log-option", "all", "--log-interval", "1",
-                 "--eval-iters", "0")  # fmt: skip
+# A Gram matrix whose eigenvalues are within this ratio is well posed: its inverse is exact to
+# about 1e-8, and adding a candidate's rows (positive semi-definite) keeps it so.
+WELL_POSED = 1e-8
+
+
+def _errors_with(chosen: np.ndarray, roots: np.ndarray, grams: np.ndarray) -> np.ndarray:
+    """(n,) the worst relative error of the ``chosen`` share rows (rows, U) with each candidate's
+    added (their ``_square_root`` (n, r, U) and Gram matrices (n, U, U)): from the inverse of the
+    summed Gram matrices where the chosen rows alone are well posed (the usual case once a run
+    or two are chosen, and several times faster), else by SVD, which finds the candidates that
+    still leave units apart."""
+    gram = chosen.T @ chosen
+    low, high = np.linalg.eigvalsh(gram)[[0, -1]]
+    if low > WELL_POSED * (high + np.trace(grams, axis1=1, axis2=2).max()):
+        variance = np.diagonal(np.linalg.inv(gram + grams), axis1=1, axis2=2)
+        return np.sqrt(variance).max(axis=1)
+    root = _square_root(chosen)
+    fixed = np.broadcast_to(root, (len(roots), *root.shape))
+    return share_errors(np.concatenate([fixed, roots], axis=1)).max(axis=1)
+
+
+def _square_root(rows: np.ndarray) -> np.ndarray:
+    """At most U rows with the same Gram matrix as ``rows`` (..., rows, U) (R of their QR):
+    stacked with other rows they give the same singular values and right singular vectors as
+    all the rows would, so a greedy step costs the same however many runs are chosen and
+    however many PP ranks each has."""
+    return np.linalg.qr(rows, mode="r") if rows.shape[-2] > rows.shape[-1] else rows
+
+
+PROFILE_FLAGS = (
+    "--timing-log-level",
+    "2",
+    "--timing-log-option",
+    "all",
+    "--log-interval",
+    "1",
+    "--eval-iters",
+    "0",
+)
 
 
 @dataclass(frozen=True)
@@ -110,10 +156,14 @@ class ProfilePlan:
     def megatron_flags(self, layout: Layout, train_iters: int = 20) -> list[str]:
         """What to add to a run's ``pretrain_gpt.py`` command line to profile this layout."""
         return [
-            "--pipeline-model-parallel-size", str(layout.pp),
-            "--pipeline-model-parallel-layout", str(layout),
-            "--train-iters", str(train_iters), *PROFILE_FLAGS,
-        ]  # fmt: skip
+            "--pipeline-model-parallel-size",
+            str(layout.pp),
+            "--pipeline-model-parallel-layout",
+            str(layout),
+            "--train-iters",
+            str(train_iters),
+            *PROFILE_FLAGS,
+        ]
 
 
 def _condition(designs: np.ndarray) -> np.ndarray:
@@ -126,14 +176,20 @@ def _condition(designs: np.ndarray) -> np.ndarray:
     return np.where(smallest > 1e-9, values[:, 0] / np.maximum(smallest, 1e-300), np.inf)
 
 
+_SAMPLE_ROWS = 4_096
+
+
 def _candidate_cuts(space: LayoutSpace, limit: int, seed: int) -> np.ndarray:
     """Every layout of a small space, or a seeded sample of a large one."""
     if space.count().total <= limit:
         return np.concatenate(list(space.cut_blocks()))
     rng = np.random.default_rng(seed)
     items = space.num_layers + 2 + bool(space.mtp_num_layers)
-    raw = np.sort(rng.random((limit * 4, items - 1)).argsort(axis=1)[:, : space.num_stages - 1]
-                  + 1, axis=1)  # fmt: skip
+    blocks = []  # drawn a block of rows at a time: the same numbers, without a (4·limit, items)
+    for start in range(0, limit * 4, _SAMPLE_ROWS):  # matrix of gigabytes for 1,024 layers
+        order = rng.random((min(_SAMPLE_ROWS, limit * 4 - start), items - 1)).argsort(axis=1)
+        blocks.append(np.sort(order[:, : space.num_stages - 1] + 1, axis=1))
+    raw = np.concatenate(blocks)
     valid = [row for row in raw if _valid_cut_set(space, row)]
     return np.unique(np.array(valid[:limit], dtype=np.int64), axis=0)
 
@@ -163,13 +219,13 @@ def profile_design(
     worst relative error of any unit, forward or backward, under the guessed costs smallest
     (``relative_errors``; ties within 5% to the faster run)."""
     run = replace(parallel, vpp=1)
-    space = LayoutSpace(model.num_layers, model.mtp_num_layers, run.pp,
-                        allow_standalone_mtp=standalone_mtp)  # fmt: skip
+    space = LayoutSpace.of(model, run, allow_standalone_mtp=standalone_mtp)
     cuts = _candidate_cuts(space, candidate_limit, seed)
     program = compile_schedule(run.pp, 1, num_microbatches)
     cost_model = build_cost_model(model, run, guess, num_microbatches)
-    scores = score(program, cost_model, space.unit_counts(cuts, cost_model.units,
-                                                          model.moe_layer_pattern))  # fmt: skip
+    scores = score(
+        program, cost_model, space.unit_counts(cuts, cost_model.units, model.moe_layer_pattern)
+    )
     fits = np.ones(len(cuts), dtype=bool)
     if hbm_gib is not None:
         fits = scores.peak_memory_bytes <= hbm_gib * GIB
@@ -180,8 +236,23 @@ def profile_design(
     designs = np.array([design_rows(model, layout, columns) for layout in layouts], dtype=float)
     guessed = [_column_costs(table, columns) for table in (guess.forward_ms, guess.backward_ms)]
 
+    shares = [unit_shares(designs, ms) for ms in guessed]  # (n, PP, U) for each cost table
+    roots = [_square_root(table) for table in shares]  # (n, min(PP, U), U)
+
     def worst(stacked: np.ndarray) -> np.ndarray:
         return np.max([relative_errors(stacked, ms).max(axis=1) for ms in guessed], axis=0)
+
+    grams = [np.einsum("nru,nrv->nuv", table, table) for table in shares]
+
+    def worst_with(chosen: list[int]) -> np.ndarray:
+        """(n,) ``worst`` of the chosen runs with each candidate added."""
+        return np.max(
+            [
+                _errors_with(table[chosen].reshape(-1, len(columns)), root, gram)
+                for table, root, gram in zip(shares, roots, grams, strict=True)
+            ],
+            axis=0,
+        )
 
     steps = np.where(fits, scores.noise_free_ms, np.inf)
     chosen = [int(np.argmin(steps))]
@@ -195,8 +266,7 @@ def profile_design(
             raise ConfigError(
                 f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
             )
-        stacked = np.concatenate([np.repeat(so_far(), len(cuts), axis=0), designs], axis=1)
-        error = np.where(fits, worst(stacked), np.inf)
+        error = np.where(fits, worst_with(chosen), np.inf)
         error[chosen] = np.inf
         best = error.min()
         if not np.isfinite(best) and len(chosen) >= runs:

@@ -15,15 +15,16 @@ from ray_layout.errors import MeasurementError
 from ray_layout.measure.declared import runs_parallel, suggest_layout
 from ray_layout.measure.design import PAIR, design_rows, timer_spread, unit_columns
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
-from ray_layout.measure.memory_fit import memory_calibration
+from ray_layout.measure.memory_fit import memory_costs
 from ray_layout.measure.observations import RunObservation
-from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance
+from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance, within_bounds
 from ray_layout.model.layout import Layout
-from ray_layout.model.sizing import LOSS, MTP, WEIGHT_BYTES, stage_sizes
+from ray_layout.model.sizing import LOSS, MTP, stage_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.cost_model import inter_node_links
+from search.memory_settings import MemorySettings
 from search.planner import PlanOptions, Problem, SearchSpec, score_given
-from search.schedule import RECV_NEXT, SEND_NEXT, P2PCall, rank_ops
+from search.schedule import P2PCall, Transfer, rank_ops
 
 RESIDUAL_WARNING = 0.05
 # A PP rank whose compute the fitted unit costs miss by more than this is no noise: the run is
@@ -70,6 +71,7 @@ def fit_costs(
     *,
     accept_residuals: bool = False,
     explicit: Collection[str] = (),
+    memory: MemorySettings | None = None,
 ) -> FitResult:
     """Unit costs from profiling runs; what the timers cannot say comes from ``base`` (FLOPs by
     default): the split of m + L, and p2p on links no run crossed.  ``gpus_per_node`` is the
@@ -78,7 +80,8 @@ def fit_costs(
     A PP rank whose compute the fitted costs miss by more than ``RESIDUAL_BOUND`` means a run
     is not what it was declared to be (layout, sizes) or the units cannot explain it: a
     :class:`MeasurementError` lists each such rank and the layout the run's timers suggest,
-    unless ``accept_residuals`` (then they are warnings).
+    as it does for a run whose timers another layout explains within RESIDUAL_WARNING, unless
+    ``accept_residuals`` (then they are warnings).
 
     The costs are for the sizes the runs ran (``declared.runs_parallel``): where they differ
     from ``parallel`` the runs' are taken with a warning, unless the size is in ``explicit``
@@ -96,8 +99,9 @@ def fit_costs(
     forward_ms = _expand_pair(fitted_f, base.forward_ms)
     backward_ms = _expand_pair(fitted_b, base.backward_ms)
 
-    residuals, suggested, warnings = _judge_residuals(model, runs, columns, fwd + bwd, base,
-                                                      accept_residuals)  # fmt: skip
+    residuals, suggested, warnings = _judge_residuals(
+        model, runs, columns, fwd + bwd, base, accept_residuals
+    )
     warnings = [*taken, *warnings]
     if sum(run.layout.pp for run in runs) <= len(columns):
         warnings.append(
@@ -115,7 +119,7 @@ def fit_costs(
         forward_ms=forward_ms,
         backward_ms=backward_ms,
         jitter_cv=_jitter(model, runs, columns, fwd + bwd),
-        memory_calibration=memory_calibration(model, parallel, runs, base),
+        **memory_costs(model, parallel, runs, base, memory),
         source="fit",
         **provenance(model, parallel),
         **_step_tail(model, parallel, runs),
@@ -129,9 +133,12 @@ def fit_costs(
         p2p_inter_node_ms=costs.p2p_inter_node_ms + latency,
         tail_fixed_ms=fixed,
     )
+    costs, clipped = within_bounds(costs)
+    warnings += clipped
     shown = {name: str(layout) for name, layout in suggested.items()}
-    return FitResult(costs, columns, fitted_f, fitted_b, residuals, tuple(warnings), latency,
-                     step_errors, shown)  # fmt: skip
+    return FitResult(
+        costs, columns, fitted_f, fitted_b, residuals, tuple(warnings), latency, step_errors, shown
+    )
 
 
 def _judge_residuals(
@@ -153,6 +160,16 @@ def _judge_residuals(
     refused = {n: [(r, e) for r, e in ranks if abs(e) > RESIDUAL_BOUND] for n, ranks in off.items()}
     if any(refused.values()) and not accept:
         raise MeasurementError(_residual_refusal(refused, suggested))
+    if suggested and not accept:  # within the bound, but another layout explains the timers
+        declared = {run.name: run.layout for run in runs}
+        wrong = "; ".join(
+            f"{name}: declared as {declared[name]}, but its timers show layout {layout} (the "
+            f"declared one misses a PP rank by {max(map(abs, residuals[name])):.1%})"
+            for name, layout in suggested.items()
+        )
+        raise MeasurementError(
+            f"{wrong}; give each run the layout it ran, or accept the fit with --accept-residuals"
+        )
     warnings = [
         f"{name}: PP rank {rank} compute is {error:+.1%} off the fitted costs (above 5%: noisy "
         "runs, or a cost the units do not explain)"
@@ -262,7 +279,10 @@ def simulated_step_ms(
     fixed tail fitted against the noise-free step would count that twice."""
     spec = SearchSpec(num_microbatches=run.num_microbatches)
     run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
-    return score_given(run.layout, Problem(model, run_parallel, costs, spec, PlanOptions())).mean_ms
+    problem = Problem(
+        model, run_parallel, costs, spec, PlanOptions(), overlap_p2p=run.overlapped_p2p
+    )
+    return score_given(run.layout, problem).mean_ms
 
 
 # A per-transfer latency is kept where it at least halves the RMS relative step error the fixed
@@ -292,9 +312,12 @@ def _step_overheads(
     measured = np.array([run.step_ms for run in timed])
 
     def simulated(latency: float, fixed: float = 0.0) -> np.ndarray:
-        shifted = replace(costs, p2p_intra_node_ms=costs.p2p_intra_node_ms + latency,
-                          p2p_inter_node_ms=costs.p2p_inter_node_ms + latency,
-                          tail_fixed_ms=fixed)  # fmt: skip
+        shifted = replace(
+            costs,
+            p2p_intra_node_ms=costs.p2p_intra_node_ms + latency,
+            p2p_inter_node_ms=costs.p2p_inter_node_ms + latency,
+            tail_fixed_ms=fixed,
+        )
         return np.array([simulated_step_ms(model, parallel, shifted, run) for run in timed])
 
     bare = simulated(0.0)
@@ -361,9 +384,7 @@ def _jitter(
 
 def _gparams_per_rank(model: ModelSpec, parallel: ParallelConfig, layout: Layout) -> np.ndarray:
     run = replace(parallel, pp=layout.pp, vpp=layout.vpp)
-    return np.array(
-        [s.memory.weights / WEIGHT_BYTES / 1e9 for s in stage_sizes(model, run, layout.stages)]
-    )
+    return np.array([s.gpu_gigaparams for s in stage_sizes(model, run, layout.stages)])
 
 
 def _step_tail(
@@ -371,8 +392,10 @@ def _step_tail(
 ) -> dict[str, float]:
     """Gradient sync and optimizer ms per billion parameters a GPU holds, through the origin."""
     found = {}
-    for timer, key in (("all-grads-sync", "grad_sync_ms_per_gparam"),
-                       ("optimizer", "optimizer_ms_per_gparam")):  # fmt: skip
+    for timer, key in (
+        ("all-grads-sync", "grad_sync_ms_per_gparam"),
+        ("optimizer", "optimizer_ms_per_gparam"),
+    ):
         xs, ys = [], []
         for run in runs:
             if timer in run.timers:
@@ -390,10 +413,12 @@ def _p2p(
     """Bare transfer times within and across nodes: per link kind, the fastest per-call time of
     any p2p timer on any rank all of whose calls cross only that kind of boundary (a call whose
     partner was already waiting).  A timer whose calls mix kinds (the interleaved schedule's
-    combined calls, with one direction off in some) says nothing about either.  A kind no run
-    crossed keeps the guess's ratio to the other."""
+    combined calls, with one direction off in some) says nothing about either.  A run with
+    overlapped p2p says nothing at all: its steady calls only post their transfers and its
+    blocking ones wait for the fill and the drain.  A kind no run crossed keeps the guess's
+    ratio to the other."""
     fastest = {False: np.inf, True: np.inf}  # by "crosses nodes"
-    for run in runs:
+    for run in (run for run in runs if not run.overlapped_p2p):
         pp = run.layout.pp
         crossing = inter_node_links(replace(parallel, pp=pp), base.gpus_per_node)
         ops = rank_ops(pp, run.layout.vpp, run.num_microbatches)
@@ -402,8 +427,10 @@ def _p2p(
             calls: dict[str, list[bool]] = {}  # timer -> whether each of its calls crosses
             for op in rank_list:
                 if isinstance(op, P2PCall) and op.name in P2P_TIMER_OF_CALL:
-                    crosses = any(above if t in (SEND_NEXT, RECV_NEXT) else below
-                                  for t in op.transfers)  # fmt: skip
+                    crosses = any(
+                        above if t in (Transfer.SEND_NEXT, Transfer.RECV_NEXT) else below
+                        for t in op.transfers
+                    )
                     calls.setdefault(P2P_TIMER_OF_CALL[op.name], []).append(crosses)
             for timer, kinds in calls.items():
                 if timer not in run.timers or len(set(kinds)) > 1:

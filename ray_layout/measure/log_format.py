@@ -52,8 +52,9 @@ def timers_max(ms_by_timer: Mapping[str, float], prefix: str = "") -> str:
 def timers_minmax(ms_by_timer: Mapping[str, tuple[float, float]], prefix: str = "") -> str:
     """``--timing-log-option minmax``."""
     lines = [prefix + "(min, max) time across ranks (ms):"]
-    lines += [f"    {_padded(name)}: ({low:.2f}, {high:.2f})"
-              for name, (low, high) in ms_by_timer.items()]  # fmt: skip
+    lines += [
+        f"    {_padded(name)}: ({low:.2f}, {high:.2f})" for name, (low, high) in ms_by_timer.items()
+    ]
     return "\n".join(lines)
 
 

@@ -8,11 +8,13 @@ them.  Values are kept exactly as Megatron printed them, quirks included (see
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ray_layout.measure.log_world import LogWorld
+from ray_layout.model.fields import MAX_WORLD_SIZE
 
 # ``training_log``'s timers_to_log: --timing-log-level 1, then what level 2 adds.
 LEVEL1_TIMERS = (
@@ -45,18 +47,111 @@ LEVEL2_TIMERS = (
 )
 TIMER_NAMES = LEVEL1_TIMERS + LEVEL2_TIMERS
 # Blocks of these alone are start-up, evaluation or checkpoint timing, never a training step's.
-NON_TRAINING_TIMERS = frozenset({
-    "model-and-optimizer-setup",
-    "train/valid/test-data-iterators-setup",
-    "load-checkpoint",
-    "save-checkpoint",
-    "evaluate",
-})  # fmt: skip
+NON_TRAINING_TIMERS = frozenset(
+    {
+        "model-and-optimizer-setup",
+        "train/valid/test-data-iterators-setup",
+        "load-checkpoint",
+        "save-checkpoint",
+        "evaluate",
+    }
+)
 
 SKIPPED_EXAMPLES = 5  # how many skipped lines ParsedLog keeps to show
 # Training blocks dropped before any fit: the first shows one iteration / --log-interval, the
 # second still holds that first, slow iteration (see steady_intervals).
 WARMUP_INTERVALS = 2
+MIN_STEADY_INTERVALS = 3  # after the WARMUP_INTERVALS the fit drops: enough for a mean and a spread
+# A profiling run of fewer iterations (one timer block each) is one the fit refuses.
+MIN_PROFILE_ITERATIONS = WARMUP_INTERVALS + MIN_STEADY_INTERVALS
+FIT_NEEDS = (
+    f"the fit drops the first {WARMUP_INTERVALS} timer blocks and needs {MIN_STEADY_INTERVALS} more"
+)
+
+
+# What a run's numbers can be; a log with a value outside is refused (no timer is NaN, negative
+# or a day long, no GPU holds 16 TiB).  Megatron prints per-iteration values (accumulated ms /
+# --log-interval).  Losses and the grad norm may be NaN or infinite in a diverging run: they
+# are kept as printed and never fitted.
+MAX_LOGGED_MS = 86_400_000.0  # a day per iteration
+MAX_MEMORY_MB = 2.0**24  # 16 TiB on one GPU
+MAX_TFLOPS = 1e5  # per GPU: a hundred times any GPU's peak
+MAX_LOSS_SCALE = 2.0**128
+MAX_COUNT = 10**15  # iterations, samples, batch sizes: far above any run, inside int64
+_LIMITS = {"ms": (MAX_LOGGED_MS, "a day"), "MiB": (MAX_MEMORY_MB, "16 TiB")}
+
+
+def out_of_range(what: str, value: float, unit: str = "", upper: float | None = None) -> str | None:
+    """Why ``value`` cannot be ``what`` (a NaN, an infinity, a negative, above the bound of its
+    unit or ``upper``), or None when it can."""
+    bound, label = _LIMITS.get(unit, (math.inf, "")) if upper is None else (upper, f"{upper:g}")
+    printed = f"{value!r} {unit}".rstrip()
+    if math.isnan(value):
+        return f"{what} is {printed}: not a number"
+    if value < 0:
+        return f"{what} is {printed}: negative"
+    if value > bound:
+        return f"{what} is {printed}: " + ("infinite" if math.isinf(value) else f"over {label}")
+    return None
+
+
+def impossible_timer(
+    timer: str, rank: int | None, values: tuple[tuple[str, float], ...]
+) -> str | None:
+    """Why a timer entry's values or rank cannot be a run's, or None."""
+    of = f"timer {timer}" + ("" if rank is None else f" of rank {rank}")
+    if rank is not None and rank >= MAX_WORLD_SIZE:
+        return f"{of}: rank above the largest world ({MAX_WORLD_SIZE:,} GPUs)"
+    return next((p for _, ms in values if (p := out_of_range(of, ms, "ms")) is not None), None)
+
+
+def _first(problems: list[str | None]) -> str | None:
+    return next((problem for problem in problems if problem is not None), None)
+
+
+def impossible_iteration(record: IterationRecord) -> str | None:
+    """Why an iteration line's step time, throughput, loss scale or counts cannot be a run's."""
+    counts = {
+        "the iteration": record.iteration,
+        "the train iterations": record.train_iters,
+        "consumed samples": record.consumed_samples,
+        "the global batch size": record.global_batch_size,
+        "skipped iterations": record.skipped_iterations,
+        "nan iterations": record.nan_iterations,
+    }
+    floats = {
+        "the elapsed time per iteration": (record.elapsed_ms, "ms", None),
+        "the throughput per GPU (TFLOP/s)": (record.throughput_tflops, "", MAX_TFLOPS),
+        "the loss scale": (record.loss_scale, "", MAX_LOSS_SCALE),
+    }
+    return _first(
+        [
+            *(
+                out_of_range(what, float(count), upper=MAX_COUNT)
+                for what, count in counts.items()
+                if count is not None
+            ),
+            *(
+                out_of_range(what, value, unit, upper)
+                for what, (value, unit, upper) in floats.items()
+                if value is not None
+            ),
+        ]
+    )
+
+
+def impossible_memory(record: MemoryRecord) -> str | None:
+    """Why a memory line's rank or sizes cannot be a run's, or None."""
+    of = f"rank {record.rank}'s memory"
+    if record.rank >= MAX_WORLD_SIZE:
+        return f"{of}: rank above the largest world ({MAX_WORLD_SIZE:,} GPUs)"
+    sizes = {
+        "allocated": record.allocated_mb,
+        "max allocated": record.max_allocated_mb,
+        "reserved": record.reserved_mb,
+        "max reserved": record.max_reserved_mb,
+    }
+    return _first([out_of_range(f"{of} ({name})", mb, "MiB") for name, mb in sizes.items()])
 
 
 @dataclass(frozen=True)
@@ -142,6 +237,8 @@ class ParsedLog:
     unknown_segments: int = 0
     split_lines: int = 0
     world: LogWorld | None = None  # the sizes rank 0 states at start-up, when its log is here
+    # the arguments rank 0 prints at start-up (name -> value as printed), when its log is here
+    arguments: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     @property
     def intervals(self) -> tuple[int, ...]:

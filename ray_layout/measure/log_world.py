@@ -12,6 +12,10 @@ changed over the years and across forks::
 
 (each on one line), so every ``<name> size: N`` of the line with a name this tool knows is read;
 ``encoder-…`` sizes and the plural ``hierarchical … sizes`` are not these.
+
+Rank 0 also prints every argument, between ``---- arguments ----`` and ``---- end of arguments
+----``, one ``  name ........ value`` a line: the model's shape, the batch sizes, the layout and
+VPP the run really had.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-_WORLD = re.compile(r"\busing world size:\s*(?P<world>\d+)\s*,(?P<rest>.*)$", re.MULTILINE)
+# A count as a log prints it: ASCII digits, few enough to be a number (int() refuses 4,300)
+INTEGER = r"[0-9]{1,18}(?![0-9])"
+_WORLD = re.compile(rf"\busing world size:\s*(?P<world>{INTEGER})\s*,(?P<rest>.*)$", re.MULTILINE)
 # Megatron's names -> ParallelConfig's fields
 SIZE_NAMES = {
     "data-parallel": "dp",
@@ -33,7 +39,12 @@ SIZE_NAMES = {
 }
 # Not after "-" (``encoder-tensor-model-parallel``), but after any letter: forks glue the names
 # onto the value before them (``sizes: Nonetensor-model-parallel size: 2``).
-_SIZE = re.compile(rf"(?<!-)(?P<name>{'|'.join(SIZE_NAMES)})[ -]size:\s*(?P<value>\d+)")
+_SIZE = re.compile(rf"(?<!-)(?P<name>{'|'.join(SIZE_NAMES)})[ -]size:\s*(?P<value>{INTEGER})")
+_ARGUMENTS = re.compile(r"-{3,} arguments -{3,}")
+_ARGUMENTS_END = re.compile(r"-{3,} end of arguments -{3,}")
+# ``  hidden_size ...... 2048``: from a word's start only, the value (maybe empty) to the line's
+# end; linear
+_ARGUMENT = re.compile(r"(?<!\w)(?P<name>[A-Za-z_]\w*) \.{2,}(?: (?P<value>.*))?$")
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class LogWorld:
     world_size: int
     sizes: Mapping[str, int] = field(hash=False)
     line: int  # where the log states it
+    earlier: tuple[int, ...] = ()  # the lines of earlier starts' statements: a restart's log
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sizes", MappingProxyType(dict(self.sizes)))
@@ -55,11 +67,27 @@ class LogWorld:
 
 def parse_world(text: str) -> LogWorld | None:
     """The last world the log states (a restart appended to the log states its own), or None."""
-    found = None
-    for match in _WORLD.finditer(text):
-        sizes = {
-            SIZE_NAMES[size["name"]]: int(size["value"]) for size in _SIZE.finditer(match["rest"])
-        }
-        line = text.count("\n", 0, match.start()) + 1
-        found = LogWorld(int(match["world"]), sizes, line)
-    return found
+    lines, line, counted = [], 1, 0
+    for match in _WORLD.finditer(text):  # newlines counted from the last match: linear
+        line += text.count("\n", counted, match.start())
+        lines.append(line)
+        counted = match.start()
+    if not lines:
+        return None
+    sizes = {SIZE_NAMES[size["name"]]: int(size["value"]) for size in _SIZE.finditer(match["rest"])}
+    return LogWorld(int(match["world"]), sizes, lines[-1], tuple(lines[:-1]))
+
+
+def parse_arguments(text: str) -> Mapping[str, str]:
+    """The last arguments block rank 0 printed (a restart prints its own), name -> value as
+    printed; empty when the log holds none."""
+    starts = list(_ARGUMENTS.finditer(text))
+    if not starts:
+        return MappingProxyType({})
+    start = starts[-1].end()
+    end = _ARGUMENTS_END.search(text, start)
+    found = {}
+    for line in text[start : end.start() if end else len(text)].splitlines():
+        if match := _ARGUMENT.search(line):
+            found[match["name"]] = (match["value"] or "").strip()  # "" printed as nothing
+    return MappingProxyType(found)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from math import gcd
 from pathlib import Path
 
-from ray_layout.errors import ConfigError, MeasurementError
+from ray_layout.errors import MeasurementError
 from ray_layout.measure.log_records import (
     LEVEL1_TIMERS,
     LEVEL2_TIMERS,
@@ -34,26 +34,48 @@ from ray_layout.measure.log_records import (
     MemoryRecord,
     ParsedLog,
     TimerRecord,
+    impossible_iteration,
+    impossible_memory,
+    impossible_timer,
     steady_intervals,
 )
-from ray_layout.measure.log_world import parse_world
+from ray_layout.measure.log_world import INTEGER, parse_arguments, parse_world
+from ray_layout.model.files import read_bytes
 
 __all__ = [
-    "LEVEL1_TIMERS", "LEVEL2_TIMERS", "NON_TRAINING_TIMERS", "SKIPPED_EXAMPLES", "TIMER_NAMES",
-    "WARMUP_INTERVALS", "IterationRecord", "MemoryRecord", "ParsedLog", "TimerRecord",
-    "parse_iteration_line", "parse_log", "parse_log_file", "steady_intervals",
-]  # fmt: skip
+    "ITERATION_LINE_START",
+    "LEVEL1_TIMERS",
+    "LEVEL2_TIMERS",
+    "NON_TRAINING_TIMERS",
+    "SKIPPED_EXAMPLES",
+    "TIMER_NAMES",
+    "WARMUP_INTERVALS",
+    "IterationRecord",
+    "MemoryRecord",
+    "ParsedLog",
+    "TimerRecord",
+    "parse_iteration_line",
+    "parse_log",
+    "parse_log_file",
+    "steady_intervals",
+]
 
 _EXCERPT_CHARS = 80
+# Megatron's longest lines (an iteration line, a one-line timer block) are a few hundred
+# characters: a longer line is no record of its, and capping it bounds the work per line.
+MAX_LINE_CHARS = 1 << 16
+# 20 iterations of every timer of 1,024 ranks is about 10 MB; logs are read at about 2 MB/s, so
+# a log at the cap is read and stored in about 15 s and 0.8 GB (2 cores).
+MAX_LOG_BYTES = 16 * 2**20
 
-_NUMBER = r"(?:[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf))"
+_NUMBER = r"(?:[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf)))"
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _RAY_DEDUP = re.compile(r"\[repeated \d+x across cluster\]\s*$")
 # What launchers, loggers and log collectors put in front of a line, stripped one at a time.
 _PREFIX = re.compile(
     r"""\s*(?:
-        \((?:[^()]|\([^()]*\))*?\bpid=\d+(?:[^()]|\([^()]*\))*\)  # Ray: (RankActor pid=1, ip=…)
+        (?P<ray>\((?:[^()]|\([^()]*\))*+\))           # Ray: (RankActor pid=1, ip=…), see below
       | \[(?:default|rank)\d+\]:                                  # torchrun: [default0]: [rank3]:
       | \d{1,6}:(?=[\s(\[]|$)                                     # srun --label: 3:
       | \[?\d{4}-\d\d-\d\d[T\ ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?  # timestamps
@@ -63,22 +85,27 @@ _PREFIX = re.compile(
     )""",
     re.VERBOSE,
 )
+# A parenthesised prefix is Ray's when it names a pid: checked apart, since a pattern that finds
+# "pid=" inside the parentheses backtracks over every "pid=" of a line that never closes them.
+_RAY_PID = re.compile(r"\bpid=\d")
 _HEADER = re.compile(r"(?P<option>\(min, max\) time|max time|times) across ranks \(ms\):\s*$")
 # Where a record starts inside a physical line that unsynchronised writers glued together.
 _GLUED = re.compile(
     r"\[Rank\s+\d+\]\s+\(|(?:\(min, max\) time|max time|times) across ranks \(ms\):"
 )
-_GLUED_TAIL = r"(?P<tail>[^\s\d.].*?)?\s*$"  # another writer's text right after a value
+# Another writer's text right after a value, or blanks to the end; the two branches start with
+# different characters, so no run of blanks is scanned twice (every pattern here is linear).
+_GLUED_TAIL = r"(?:(?P<tail>[^\s\d.].*)|\s*)$"
 _OPTIONS = {"(min, max) time": "minmax", "max time": "max", "times": "all"}
 _ALL_TIMER = re.compile(r"\s*(?P<timer>[^\s:]+):\s*$")
-_ALL_RANK = re.compile(rf"\s*rank\s+(?P<rank>\d+): (?P<ms>{_NUMBER}){_GLUED_TAIL}")
+_ALL_RANK = re.compile(rf"\s*rank\s+(?P<rank>{INTEGER}): (?P<ms>{_NUMBER}){_GLUED_TAIL}")
 _MAX = re.compile(rf"\s*(?P<timer>\S+) \.*: (?P<ms>{_NUMBER}){_GLUED_TAIL}")
 _MINMAX = re.compile(
     rf"\s*(?P<timer>\S+) \.*: \((?P<min>{_NUMBER}), (?P<max>{_NUMBER})\){_GLUED_TAIL}"
 )
 # Megatron before core (2019-2022): ``time (ms) | name: 12.34 | …``, the last rank's values only.
-_ONE_LINE = re.compile(rf"time \(ms\)(?P<rest>(?:\s*\|\s*[^|:]+:\s*{_NUMBER})+)\s*\|?\s*$")
-_ONE_LINE_ENTRY = re.compile(rf"\|\s*(?P<timer>[^|:]+?)\s*:\s*(?P<ms>{_NUMBER})")
+_ONE_LINE = "time (ms)"
+_NUMBER_ONLY = re.compile(_NUMBER)
 _ENTRY_HINT = re.compile(r"\brank\s+\d+\s*:|\S \.{3,}:|\btimes? across ranks\b")
 # ``iteration   10/  100 |`` upstream; ``iteration=  10/  100 |`` with ``key=value`` fields in
 # forks that log through a key-value logger (ALCF's Megatron-DeepSpeed).
@@ -86,22 +113,25 @@ _ITERATION = re.compile(
     r"\biteration(?:\s+|\s*(?P<fork>=)\s*)(?P<iteration>\d+)\s*/\s*(?P<train_iters>\d+)\s*"
     r"\|(?P<rest>.*)$"
 )
-_ITERATION_HINT = re.compile(r"\biteration(?:\s+|\s*=\s*)\d+\s*/")
+# The start of an iteration line in either form: a rank's heartbeat while it trains.
+ITERATION_LINE_START = re.compile(r"\biteration(?:\s+|\s*=\s*)\d+\s*/")
 _FORK_KEYS = {"elapsed_time_per_iteration_ms": "elapsed time per iteration (ms)"}
 _MEMORY = re.compile(
-    r"\[Rank\s+(?P<rank>\d+)\]\s+\((?:after (?P<iteration>\d+) iterations|[^()]*)\)"
+    rf"\[Rank\s+(?P<rank>{INTEGER})\]\s+\((?:after (?P<iteration>{INTEGER}) iterations|[^()]*)\)"
     r"\s+memory \(MB\)\s*(?P<rest>\|.*)?$"
 )
-_FIELD = re.compile(r"(?P<key>[^:=|]+?)\s*[:=]\s*(?P<value>\S+)")
+_KEY_END = re.compile(r"[:=]")
 
 
 def parse_log_file(path: str | Path) -> ParsedLog:
-    """:func:`parse_log` on a file, undecodable bytes replaced, errors naming the file."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read the log ({error.strerror or error})") from error
-    return parse_log(raw.decode("utf-8", errors="replace"), source=str(path))
+    """:func:`parse_log` on a file (:func:`read_log`), errors naming the file."""
+    return parse_log(read_log(path), source=str(path))
+
+
+def read_log(path: str | Path) -> str:
+    """A log's text: a regular file of at most MAX_LOG_BYTES (a FIFO or ``/dev/zero`` would never
+    end), undecodable bytes replaced (a killed writer leaves half a character)."""
+    return read_bytes(path, str(path), limit=MAX_LOG_BYTES).decode("utf-8", errors="replace")
 
 
 def parse_log(text: str, source: str = "log") -> ParsedLog:
@@ -116,12 +146,16 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
     looked like Megatron's were dropped.
     """
     lines = _LINE_BREAK.split(_ANSI.sub("", text.removeprefix("\ufeff")))
-    reader = _Reader()
+    reader = _Reader(source)
     for number, raw in enumerate(lines[:-1], start=1):
+        if len(raw) > MAX_LINE_CHARS:
+            reader.skip(number, raw, f"longer than {MAX_LINE_CHARS:,} characters: not read")
+            continue
         read = [reader.read(number, raw, piece) for piece in _pieces(_content(raw))]
         reader.split_lines += sum(read) > 1
-    if _content(lines[-1]).strip():
-        reader.skip(len(lines), lines[-1], "cut off: the log ends without a newline")
+    last = lines[-1]
+    if last.strip() and (len(last) > MAX_LINE_CHARS or _content(last).strip()):
+        reader.skip(len(lines), last, "cut off: the log ends without a newline")
     examples = tuple(f"line {n}: {_excerpt(raw)} ({why})" for n, raw, why in reader.skipped)
     if not (reader.timers or reader.iterations or reader.memory):
         if reader.skipped:
@@ -143,6 +177,7 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
         unknown_segments=sum(record.unknown_segments for record in reader.iterations),
         split_lines=reader.split_lines,
         world=parse_world(text),
+        arguments=parse_arguments(text),
     )
 
 
@@ -150,6 +185,7 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
 class _Reader:
     """The records read so far and the open timer block (``option`` None: no block open)."""
 
+    source: str
     timers: list[TimerRecord] = field(default_factory=list)
     iterations: list[IterationRecord] = field(default_factory=list)
     memory: list[MemoryRecord] = field(default_factory=list)
@@ -161,9 +197,18 @@ class _Reader:
     block_iteration: int | None = None
     timer: str | None = None  # the ``all`` block's timer whose ranks follow
     seen: set[tuple[str, int | None]] = field(default_factory=set)
+    number: int = 0  # the line being read
 
     def skip(self, number: int, raw: str, why: str) -> None:
         self.skipped.append((number, raw, why))
+
+    def refuse(self, problem: str | None) -> None:
+        """A value no run can have (``nan``, negative, a step of days) makes the log unfit to
+        measure from: refused whole, so nothing of it is stored or fitted."""
+        if problem is not None:
+            raise MeasurementError(
+                f"{self.source}: line {self.number}: {problem}; nothing of this log is used"
+            )
 
     def open_block(self, option: str) -> None:
         self.interval += 1
@@ -172,6 +217,7 @@ class _Reader:
 
     def add(self, timer: str, rank: int | None, values: tuple[tuple[str, float], ...]) -> None:
         self.seen.add((timer, rank))
+        self.refuse(impossible_timer(timer, rank, values))
         self.timers += [
             TimerRecord(self.interval, self.block_iteration, rank, timer, ms, stat)
             for stat, ms in values
@@ -180,23 +226,35 @@ class _Reader:
     def read(self, number: int, raw: str, line: str) -> bool:
         """One record's text (a physical line, or a piece of a glued one); whether it was one
         of Megatron's (read or dropped)."""
-        before = (self.interval, len(self.timers), len(self.iterations), len(self.memory),
-                  len(self.skipped))  # fmt: skip
+        before = (
+            self.interval,
+            len(self.timers),
+            len(self.iterations),
+            len(self.memory),
+            len(self.skipped),
+        )
+        self.number = number
         self._read(number, raw, line)
-        return before != (self.interval, len(self.timers), len(self.iterations),
-                          len(self.memory), len(self.skipped))  # fmt: skip
+        return before != (
+            self.interval,
+            len(self.timers),
+            len(self.iterations),
+            len(self.memory),
+            len(self.skipped),
+        )
 
     def _read(self, number: int, raw: str, line: str) -> None:
         if not line.strip():
             return
         if header := _HEADER.search(line):
             self.open_block(_OPTIONS[header["option"]])
-        elif _ITERATION_HINT.search(line):
+        elif ITERATION_LINE_START.search(line):
             if (record := _iteration_record(line)) is None:
                 self.skip(
                     number, raw, "an iteration line cut short or with a value that is no number"
                 )
             else:
+                self.refuse(impossible_iteration(record))
                 self.iterations.append(record)
                 self.iteration, self.option = record.iteration, None  # the printer moved on
         elif "memory (MB)" in line:
@@ -206,11 +264,12 @@ class _Reader:
             if (record := _memory_record(match)) is None:
                 self.skip(number, raw, "a memory line without its four sizes")
             else:
+                self.refuse(impossible_memory(record))
                 self.memory.append(record)
-        elif one_line := _ONE_LINE.match(line):
+        elif (one_line := _one_line_block(line)) is not None:
             self.open_block("last")
-            for entry in _ONE_LINE_ENTRY.finditer(one_line["rest"]):
-                self.add(entry["timer"], None, (("last", float(entry["ms"])),))
+            for timer, ms in one_line:
+                self.add(timer, None, (("last", ms),))
             self.option = None  # the whole block is this one line
         elif self.option == "all" and (match := _ALL_TIMER.match(line)):
             self.timer = match["timer"]
@@ -233,7 +292,8 @@ class _Reader:
 
 def _pieces(line: str) -> list[str]:
     """``line`` cut before every record that starts inside it (after other text)."""
-    cuts = [m.start() for m in _GLUED.finditer(line) if line[: m.start()].strip()]
+    text_from = len(line) - len(line.lstrip())  # where its first non-blank is
+    cuts = [m.start() for m in _GLUED.finditer(line) if m.start() > text_from]
     return [line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)], strict=True)]
 
 
@@ -248,9 +308,12 @@ def _content(raw: str) -> str:
     # every run of blanks from each of its positions (quadratic on a blank-heavy line)
     dedup = _RAY_DEDUP.search(raw)
     line = raw[: dedup.start()].rstrip() if dedup else raw
-    while match := _PREFIX.match(line):
-        line = line[match.end() :]
-    return line
+    start = 0  # advanced, not sliced: a line of a thousand prefixes is not copied a thousand times
+    while (match := _PREFIX.match(line, start)) and not (
+        match["ray"] and not _RAY_PID.search(match["ray"])
+    ):
+        start = match.end()
+    return line[start:]
 
 
 def _timer_entry(
@@ -270,9 +333,41 @@ def _timer_entry(
 
 def _fields(segments: list[str]) -> tuple[dict[str, str], int]:
     """``key: value`` segments of a ``|``-separated line, and how many segments were not."""
-    matches = [_FIELD.fullmatch(segment.strip()) for segment in segments]
-    fields = {match["key"]: match["value"] for match in matches if match}
-    return fields, sum(match is None for match in matches)
+    pairs = [_key_value(segment.strip()) for segment in segments]
+    fields = dict(pair for pair in pairs if pair is not None)
+    return fields, sum(pair is None for pair in pairs)
+
+
+def _key_value(segment: str) -> tuple[str, str] | None:
+    """``key: value`` or ``key=value``: the key up to the first ``:`` or ``=`` (blanks before it
+    trimmed), the value one word; None otherwise.  String methods, not a pattern with two
+    blank-eating parts, so a segment of blanks costs its length once."""
+    found = _KEY_END.search(segment)
+    if found is None:
+        return None
+    key, value = segment[: found.start()].rstrip(), segment[found.end() :].lstrip()
+    if not key or not value or len(value.split(maxsplit=1)) != 1:
+        return None
+    return key, value
+
+
+def _one_line_block(line: str) -> list[tuple[str, float]] | None:
+    """The ``name: ms`` entries of Megatron's old one-line timer block, or None when ``line`` is
+    none: ``time (ms)``, then entries each after a ``|``, a ``|`` at the end allowed."""
+    if not line.startswith(_ONE_LINE):
+        return None
+    head, *segments = line[len(_ONE_LINE) :].split("|")
+    if head.strip() or not segments:
+        return None
+    if not segments[-1].strip() and len(segments) > 1:
+        segments.pop()  # the closing "|"
+    entries = []
+    for segment in segments:
+        name, colon, value = segment.partition(":")
+        if not colon or not name.strip() or not _NUMBER_ONLY.fullmatch(value.strip()):
+            return None
+        entries.append((name.strip(), float(value)))
+    return entries
 
 
 def _optional(convert: type[int] | type[float], value: str | None) -> int | float | None:

@@ -13,6 +13,8 @@ from ray_layout.measure.log_records import WARMUP_INTERVALS, MemoryRecord, Parse
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import ParallelConfig
 
+BLOCKING_ONLY_TIMER = "forward-backward-send-forward-backward-recv"
+
 STEP_WARMUP = 3  # iterations whose step time carries start-up work (allocator, first batch)
 
 
@@ -30,6 +32,32 @@ class RunObservation:
     step_ms: float | None = None  # mean step time over the steady iterations, when logged
     parallel: ParallelConfig | None = None  # the run's own sizes, when known
 
+    @property
+    def overlapped_p2p(self) -> bool:
+        """Whether an interleaved run overlapped its p2p (Megatron's default there): its
+        timers lack the combined send/receive call, which only the blocking schedule makes."""
+        return self.layout.vpp > 1 and BLOCKING_ONLY_TIMER not in self.timers
+
+
+def unmeasurable(timers: Sequence[TimerRecord]) -> str | None:
+    """Why no unit cost can come from these timers (none per rank, or no forward-compute), or
+    None: such a log is neither fitted nor stored."""
+    pooled = next((record for record in timers if record.rank is None), None)
+    if pooled is not None:
+        return (
+            f"the timers hold one {pooled.stat!r} value across ranks, not each rank's "
+            "(--timing-log-option max/minmax, or Megatron's older one-line format): they time "
+            "the slowest rank, not each PP stage, so no unit cost can be told apart; profile "
+            "with --timing-log-level 2 --timing-log-option all"
+        )
+    if not any(record.timer == "forward-compute" for record in timers):
+        found = ", ".join(sorted({record.timer for record in timers})) or "no per-rank timers"
+        return (
+            f"no timer block holds forward-compute (found {found}); profile with "
+            "--timing-log-level 2 --timing-log-option all"
+        )
+    return None
+
 
 def observation_from_log(
     name: str,
@@ -41,8 +69,16 @@ def observation_from_log(
 ) -> RunObservation:
     """A run's timers per steady interval and PP rank, from a parsed log."""
     steps = [record.elapsed_ms for record in parsed.iterations]
-    return observation_from_records(name, parsed.timers, parsed.memory, layout, parallel,
-                                    num_microbatches, warmup_intervals, steps)  # fmt: skip
+    return observation_from_records(
+        name,
+        parsed.timers,
+        parsed.memory,
+        layout,
+        parallel,
+        num_microbatches,
+        warmup_intervals,
+        steps,
+    )
 
 
 def observation_from_records(
@@ -67,14 +103,11 @@ def observation_from_records(
     per_stage = parallel.world_size // layout.pp
     by_interval: dict[int, dict[str, np.ndarray]] = {}
     counts: dict[int, dict[str, np.ndarray]] = {}
+    timer_records = list(timer_records)
+    problem = unmeasurable(timer_records)
+    if problem is not None:
+        raise MeasurementError(f"{name}: {problem}")
     for record in timer_records:
-        if record.rank is None:
-            raise MeasurementError(
-                f"{name}: the timers hold one {record.stat!r} value across ranks, not each "
-                "rank's (--timing-log-option max/minmax, or Megatron's older one-line format): "
-                "they time the slowest rank, not each PP stage, so no unit cost can be told "
-                "apart; profile with --timing-log-level 2 --timing-log-option all"
-            )
         pp_rank = record.rank // per_stage
         if pp_rank >= layout.pp:
             raise ConfigError(
@@ -87,12 +120,6 @@ def observation_from_records(
         seen.setdefault(record.timer, np.zeros(layout.pp))[pp_rank] += 1
     compute = [i for i in sorted(by_interval) if "forward-compute" in by_interval[i]]
     steady = compute[warmup_intervals:]
-    if not compute:
-        found = sorted({timer for timers in by_interval.values() for timer in timers})
-        raise MeasurementError(
-            f"{name}: no timer block holds forward-compute (found "
-            f"{', '.join(found) or 'no per-rank timers'}); profile with --timing-log-level 2"
-        )
     if not steady:
         raise MeasurementError(
             f"{name}: no steady timer interval (found {len(compute)} with forward-compute, the "

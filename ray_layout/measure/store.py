@@ -34,15 +34,18 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ray_layout.errors import ConfigError, MeasurementError, clipped
 from ray_layout.measure.store_schema import (
     PARTITIONING,
     RUN_DATA_TABLES,
@@ -77,12 +80,14 @@ class CostStore:
         """Rows of one table (of all studies, or one) whose columns equal ``equals``; None
         matches null.  Keeps every column any file has and adds ``study`` from the partition."""
         dataset = self._dataset(table, study)
-        return dataset.to_table(filter=where(table, dataset.schema, equals)).to_pandas()
+        with self._readable(table):
+            return dataset.to_table(filter=where(table, dataset.schema, equals)).to_pandas()
 
     def has(self, table: str, study: str | None, **equals: Any) -> bool:
         """Whether :meth:`read` would return a row, without loading the rows."""
         dataset = self._dataset(table, study)
-        return dataset.count_rows(filter=where(table, dataset.schema, equals)) > 0
+        with self._readable(table):
+            return dataset.count_rows(filter=where(table, dataset.schema, equals)) > 0
 
     def studies(self) -> list[str]:
         """Ids of the studies that hold at least one file."""
@@ -102,45 +107,104 @@ class CostStore:
         return self.read(table, study, **equals).merge(present, on=["study", "run_id"])
 
     def write_run(self, run: Mapping[str, Any], tables: Mapping[str, Rows], study: str) -> bool:
-        """Ingest one run once: its timers/iterations/memory rows, then its ``runs`` row.
+        """Ingest one run once (:meth:`write_runs` of one)."""
+        return self.write_runs([(run, tables)], study)[0]
 
-        Rows without ``run_id`` get the run's.  Returns False, writing nothing, when the study
-        already holds the run (same ``run_id`` or ``content_hash``) or a live writer is
-        ingesting it now.
+    def write_runs(
+        self, runs: Sequence[tuple[Mapping[str, Any], Mapping[str, Rows]]], study: str
+    ) -> list[bool]:
+        """Ingest runs together, each once: every run's timers/iterations/memory rows, then one
+        ``runs`` file with all their rows, so they become visible at once or not at all.
+
+        Rows without ``run_id`` get their run's.  Every row is checked before anything is
+        written.  A run is not written (False) when the study already holds it (same
+        ``run_id`` or ``content_hash``) or a live writer is ingesting it now.
         """
-        unknown = sorted(set(tables) - set(RUN_DATA_TABLES))
-        if unknown:
-            raise ValueError(f"write_run takes {', '.join(RUN_DATA_TABLES)}, not {unknown}")
-        runs_row = to_arrow("runs", frame_of([run]), study)
-        run_id = runs_row["run_id"][0].as_py()
-        content_hash = runs_row["content_hash"][0].as_py()
-        data = {
-            table: to_arrow(table, with_run_id(frame_of(rows), run_id), study)
-            for table, rows in tables.items()
-            if len(rows)
-        }
-        if self._present(study, run_id, content_hash):
-            return False  # the common re-run case, settled without touching claims
-        claim = self._claim_path(study, content_hash or run_id)
-        token = uuid.uuid4().hex
-        previous = self._acquire(claim, token)
-        if previous is None:
-            return False
+        prepared = [_prepared(run, tables, study) for run, tables in runs]
+        claimed: list[tuple[int, Path, str]] = []  # (index, claim, token)
         try:
-            if self._present(study, run_id, content_hash):
-                return False  # stored while we were claiming
-            if previous:
-                self._discard(study, previous)  # a dead writer's orphan files
-            for table, rows in data.items():
-                self._write_file(table, study, rows, token)
-            if not _holds(claim, token):
-                self._discard(study, token)
-                return False  # taken over while we wrote: the taker stores the run
-            self._write_file("runs", study, runs_row, token)
+            for index, (_, run_id, content_hash, data) in enumerate(prepared):
+                if self._present(study, run_id, content_hash):
+                    continue  # the common re-run case, settled without touching claims
+                claim, token = self._claim_path(study, content_hash or run_id), uuid.uuid4().hex
+                previous = self._acquire(claim, token)
+                if previous is None or self._present(study, run_id, content_hash):
+                    continue  # a live writer has it, or stored it while we were claiming
+                claimed.append((index, claim, token))
+                if previous:
+                    self._discard(study, previous)  # a dead writer's orphan files
+                for table, rows in data.items():
+                    self._write_file(table, study, rows, token)
+            held = []
+            for index, claim, token in claimed:
+                if _holds(claim, token):
+                    held.append(index)
+                else:  # taken over while we wrote: the taker stores the run
+                    self._discard(study, token)
+            if held:
+                rows = pa.concat_tables([prepared[index][0] for index in held])
+                self._write_file("runs", study, rows, claimed[0][2])
         except BaseException:
-            self._release(claim, study, token)
+            for _, claim, token in claimed:
+                self._release(claim, study, token)
             raise
-        return True
+        return [index in held for index in range(len(prepared))]
+
+    def remove_run(self, study: str, run_id: str, dry_run: bool = False) -> dict[str, int]:
+        """Remove a stored run: its ``runs`` row first (it stops being a run at once), then its
+        timers, iterations and memory, the A/B decisions about it, the fits made from it and
+        its claim.  Returns the rows removed (or, ``dry_run``, that would be) per table.
+
+        A file holding other rows too is rewritten without the run's, the new file renamed in
+        before the old one goes: a crash in between leaves a row twice, never one lost."""
+        runs = self.read("runs", study, run_id=run_id)
+        if runs.empty:
+            held = sorted(self.read("runs", study).run_id)
+            raise ConfigError(
+                f"{self.root}: study {study!r} holds no run {run_id!r} (it holds "
+                f"{', '.join(held[:5]) or 'none'}{', …' if len(held) > 5 else ''})"
+            )
+
+        def of_run(data: pa.Table) -> pa.Array:
+            return pc.fill_null(pc.equal(data["run_id"], run_id), False)
+
+        def fitted_from_run(data: pa.Table) -> pa.Array:
+            used = [json.loads(listed or "[]") for listed in data["runs"].to_pylist()]
+            return pa.array([run_id in runs for runs in used], type=pa.bool_())
+
+        chosen = {table: of_run for table in ("runs", *RUN_DATA_TABLES, "decisions")}
+        chosen["fits"] = fitted_from_run
+        # every file read once before any is changed: an unreadable one stops it all
+        removed = {t: self._remove_rows(t, study, rows, True) for t, rows in chosen.items()}
+        if not dry_run:
+            for table, rows in chosen.items():
+                self._remove_rows(table, study, rows, False)
+            claim = self._claim_path(study, runs.content_hash.iloc[0] or run_id)
+            for path in [claim, *claim.parent.glob(f"{claim.name}.taken-*")]:
+                path.unlink(missing_ok=True)
+        return removed
+
+    def _remove_rows(
+        self, table: str, study: str, chosen: Callable[[pa.Table], pa.Array], dry_run: bool
+    ) -> int:
+        """Delete the ``chosen`` rows of a table's files in ``study``; how many there were."""
+        removed = 0
+        for path in sorted(self._partition(table, study).glob("part-*.parquet")):
+            try:
+                data = pq.read_table(path, partitioning=None)
+            except (OSError, pa.ArrowException) as exc:  # nothing removed from this file on
+                raise ConfigError(f"{path}: not a readable Parquet file ({exc})") from None
+            drop = chosen(data)
+            count = pc.sum(drop).as_py() or 0
+            removed += count
+            if not count or dry_run:
+                continue
+            rest = data.filter(pc.invert(drop))
+            if len(rest):
+                self._write_file(table, study, rest, uuid.uuid4().hex)
+            path.unlink()
+            _fsync_dir(path.parent)
+        return removed
 
     def megatron_flags_path(self, study: str) -> Path:
         """The JSON file caching the flag table of the cluster's Megatron for ``study``."""
@@ -159,30 +223,53 @@ class CostStore:
             check_study(study)
         folder = self.root / f"table={table}"
         files = sorted(str(path) for path in folder.glob(f"study={study or '*'}/part-*.parquet"))
-        schemas = [schema, PARTITIONING.schema, *(pq.read_schema(path) for path in files)]
-        return ds.dataset(
-            files,
-            schema=pa.unify_schemas(schemas, promote_options="permissive"),
-            format="parquet",
-            partitioning=PARTITIONING,
-            partition_base_dir=str(folder),
-        )
+        schemas = [schema, PARTITIONING.schema]
+        for path in files:
+            with self._readable(table, path):
+                schemas.append(pq.read_schema(path))
+        with self._readable(table):
+            return ds.dataset(
+                files,
+                schema=pa.unify_schemas(schemas, promote_options="permissive"),
+                format="parquet",
+                partitioning=PARTITIONING,
+                partition_base_dir=str(folder),
+            )
+
+    @contextmanager
+    def _readable(self, table: str, path: str | None = None) -> Iterator[None]:
+        """A file of the store that is cut short, is no Parquet or holds a column of another
+        type is one error naming it (or the table), never a traceback; nothing is changed."""
+        try:
+            yield
+        except (pa.ArrowException, OSError) as exc:
+            where = path or str(self.root / f"table={table}")
+            reason = clipped(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise MeasurementError(
+                f"{where}: the store cannot read it ({reason}); move the damaged file out of "
+                "the store and run again (its rows are lost, the rest is kept)"
+            ) from None
 
     def _write_file(self, table: str, study: str, data: pa.Table, file_id: str) -> Path:
         """Write a temporary file, fsync it, then rename it into place in one atomic step."""
         folder = self._partition(table, study)
-        folder.mkdir(parents=True, exist_ok=True)
         temp, final = folder / f".tmp-{file_id}.parquet", folder / f"part-{file_id}.parquet"
         try:
-            with open(temp, "wb") as file:
-                pq.write_table(data, file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temp, final)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(temp, "wb") as file:
+                    pq.write_table(data, file)
+                    file.flush()
+                    os.fsync(file.fileno())
+                os.replace(temp, final)
+            except BaseException:
+                temp.unlink(missing_ok=True)
+                raise
+            _fsync_dir(folder)
+        except OSError as exc:  # a full disk, a path the pre-check could not see through
+            raise ConfigError(
+                f"{self.root}: cannot write the store ({exc.strerror or exc})"
+            ) from None
         return final
 
     def _present(self, study: str, run_id: str, content_hash: str | None) -> bool:
@@ -203,10 +290,15 @@ class CostStore:
         ``os.link`` creates the claim with its content in one step and fails if it exists,
         like ``O_CREAT | O_EXCL``, so no reader ever sees a claim without its token.
         """
-        claim.parent.mkdir(parents=True, exist_ok=True)
         temp = claim.with_name(f".{claim.name}.{token}.tmp")
-        temp.write_text(json.dumps({"token": token, "host": _HOST, "pid": os.getpid(),
-                                    "started": _process_start(os.getpid())}))  # fmt: skip
+        owner = {"token": token, "host": _HOST, "pid": os.getpid()}
+        try:
+            claim.parent.mkdir(parents=True, exist_ok=True)
+            temp.write_text(json.dumps(owner | {"started": _process_start(os.getpid())}))
+        except OSError as exc:  # a path the pre-check could not see through, a full disk
+            raise ConfigError(
+                f"{self.root}: cannot write the store ({exc.strerror or exc})"
+            ) from None
         try:
             os.link(temp, claim)
             return ""
@@ -242,6 +334,23 @@ class CostStore:
         self._discard(study, token)
         if _holds(claim, token):
             os.utime(claim, (0, 0))
+
+
+def _prepared(
+    run: Mapping[str, Any], tables: Mapping[str, Rows], study: str
+) -> tuple[pa.Table, str, str | None, dict[str, pa.Table]]:
+    """One run's rows cast to their tables: (runs row, run id, content hash, data tables)."""
+    unknown = sorted(set(tables) - set(RUN_DATA_TABLES))
+    if unknown:
+        raise ValueError(f"write_run takes {', '.join(RUN_DATA_TABLES)}, not {unknown}")
+    row = to_arrow("runs", frame_of([run]), study)
+    run_id = row["run_id"][0].as_py()
+    data = {
+        table: to_arrow(table, with_run_id(frame_of(rows), run_id), study)
+        for table, rows in tables.items()
+        if len(rows)
+    }
+    return row, run_id, row["content_hash"][0].as_py(), data
 
 
 def _read_claim(claim: Path) -> tuple[float, dict[str, Any]] | None:

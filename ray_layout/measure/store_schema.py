@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import operator
 import re
+import tomllib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -26,100 +28,27 @@ STUDY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 PARTITIONING = ds.partitioning(pa.schema([(PARTITION_KEY, STR)]), flavor="hive")
 
 
-def table_of(keys: set[str], **columns: pa.DataType) -> pa.Schema:
+COLUMN_TYPES = {"str": STR, "int": INT, "float": FLOAT}
+TABLES_FILE = Path(__file__).with_name("store_tables.toml")
+
+
+def table_of(keys: set[str], columns: Mapping[str, str]) -> pa.Schema:
     """Keys may not be null; every other column may, so files of older versions stay readable."""
-    fields = [pa.field(name, kind, nullable=name not in keys) for name, kind in columns.items()]
+    fields = [
+        pa.field(name, COLUMN_TYPES[kind], nullable=name not in keys)
+        for name, kind in columns.items()
+    ]
     return pa.schema([*fields, pa.field("schema_version", INT, nullable=False)])
 
 
-# Times are float seconds since the Unix epoch; *_json columns hold JSON text.
-TABLE_SCHEMAS: dict[str, pa.Schema] = {
-    "runs": table_of(
-        {"run_id", "study"},
-        run_id=STR,
-        study=STR,
-        model=STR,  # the model's name
-        model_hash=STR,  # hash of the ModelSpec, so renamed copies still match
-        layout=STR,  # Megatron's --pipeline-model-parallel-layout, compact form
-        pp=INT,
-        vpp=INT,
-        tp=INT,
-        cp=INT,
-        ep=INT,
-        etp=INT,
-        dp=INT,
-        micro_batch_size=INT,
-        global_batch_size=INT,
-        num_microbatches=INT,
-        backend=STR,  # "megatron" or "emulated"
-        hardware=STR,
-        status=STR,  # e.g. "finished", "failed", "running"
-        failure_class=STR,  # e.g. "oom", "nan", "timeout" when status is "failed"
-        error=STR,
-        source=STR,  # what produced the run, e.g. "profile", "ab"
-        content_hash=STR,  # hash of the ingested logs: the same run ingested twice is one run
-        started_at=FLOAT,
-        finished_at=FLOAT,
-    ),
-    "timers": table_of(
-        {"run_id", "timer"},
-        run_id=STR,
-        interval=INT,  # index of the logging interval the timer covers
-        iteration=INT,  # the iteration that closed that interval
-        rank=INT,  # null when ms is a statistic over ranks
-        pp_rank=INT,
-        timer=STR,  # Megatron's timer name, e.g. "forward-backward"
-        ms=FLOAT,
-        stat=STR,  # "min" or "max" over ranks, null for one rank's own time
-    ),
-    "iterations": table_of(
-        {"run_id", "iteration"},
-        run_id=STR,
-        iteration=INT,
-        elapsed_ms=FLOAT,  # elapsed time per iteration
-        throughput_tflops=FLOAT,  # per GPU
-        lm_loss=FLOAT,
-        mtp_loss=FLOAT,
-        grad_norm=FLOAT,
-        loss_scale=FLOAT,
-        skipped=INT,  # number of skipped iterations in the interval
-        nan=INT,  # number of nan iterations in the interval
-    ),
-    "memory": table_of(
-        {"run_id", "rank"},
-        run_id=STR,
-        rank=INT,
-        pp_rank=INT,
-        iteration=INT,
-        allocated_mb=FLOAT,
-        max_allocated_mb=FLOAT,
-        reserved_mb=FLOAT,
-        max_reserved_mb=FLOAT,
-    ),
-    "fits": table_of(
-        {"fit_id", "study"},
-        fit_id=STR,
-        study=STR,
-        created_at=FLOAT,
-        model=STR,
-        costs_json=STR,  # the fitted UnitCosts, as COSTS.json text
-        residual_max=FLOAT,  # largest relative residual of the fit
-        runs=STR,  # JSON list of the run_ids the fit used
-    ),
-    "decisions": table_of(
-        {"study", "decision_id"},
-        study=STR,
-        decision_id=STR,
-        run_id=STR,
-        layout=STR,
-        look=INT,  # which interim look of the A/B test
-        statistic=FLOAT,
-        p_value=FLOAT,
-        action=STR,  # e.g. "continue", "stop", "win"
-        reason=STR,
-        created_at=FLOAT,
-    ),
-}
+def _tables(path: Path) -> dict[str, pa.Schema]:
+    """The tables declared in ``store_tables.toml`` (data, so each column keeps its note)."""
+    with path.open("rb") as file:
+        declared = tomllib.load(file)
+    return {name: table_of(set(t["keys"]), t["columns"]) for name, t in declared.items()}
+
+
+TABLE_SCHEMAS: dict[str, pa.Schema] = _tables(TABLES_FILE)
 
 
 def table_schema(table: str) -> pa.Schema:

@@ -1,129 +1,344 @@
 """Bash's ``$((...))`` and ``printf`` on plain values, without a shell and without ``eval``.
 
-Arithmetic is read over Python's syntax tree, which shares bash's precedence for the operators
-kept here: integers, names, ``+ - * / % **``, unary ``- + !``, comparisons and parentheses, with
-bash's integer division and remainder (truncated toward zero).  Sizes stay bounded, so a hostile
-script cannot make the reader allocate.
+Arithmetic follows bash's own grammar (its ``expr.c``), read by precedence climbing over bash's
+table: unary ``- + ! ~`` bind tighter than ``**`` (``-2**2`` is 4), ``**`` is right-associative,
+then ``* / %``, ``+ -``, shifts, comparisons, ``& ^ |``, ``&& ||`` (short-circuit), ``?:`` and
+``,``.  Integers are bash's: decimal, ``0x`` hex, ``0`` octal, ``BASE#DIGITS``, 64 bits wrapping
+around as bash's do, division truncated toward zero.  Assignments (``=``, ``+=``, ``++``...) are
+refused: they would change the script's variables.  Sizes stay bounded, so a hostile script
+cannot make the reader allocate or recurse without end.
 """
 
 from __future__ import annotations
 
-import ast
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-MAX_MAGNITUDE = 2**63  # bash's integers are 64-bit
+from ray_layout.errors import quoted
+from ray_layout.model.bash_escapes import backslash_escape
+
+MAX_NESTING = 64  # parentheses, unary operators and ?: inside each other
+MAX_VARIABLE_DEPTH = 8  # a variable whose text names a variable whose text names ...
 MAX_PRINTF_CHARS = 100_000
+_BITS = 2**64
 
-_BINARY = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
+# Bash's binary operators, loosest first; each is left-associative but ``**``.
+_PRECEDENCE = {
+    **dict.fromkeys(["||"], 1),
+    **dict.fromkeys(["&&"], 2),
+    **dict.fromkeys(["|"], 3),
+    **dict.fromkeys(["^"], 4),
+    **dict.fromkeys(["&"], 5),
+    **dict.fromkeys(["==", "!="], 6),
+    **dict.fromkeys(["<", "<=", ">", ">="], 7),
+    **dict.fromkeys(["<<", ">>"], 8),
+    **dict.fromkeys(["+", "-"], 9),
+    **dict.fromkeys(["*", "/", "%"], 10),
+    **dict.fromkeys(["**"], 11),
 }
-_COMPARE = {
-    ast.Lt: int.__lt__, ast.LtE: int.__le__, ast.Gt: int.__gt__, ast.GtE: int.__ge__,
-    ast.Eq: int.__eq__, ast.NotEq: int.__ne__,
-}  # fmt: skip
+_OPERATIONS: dict[str, Callable[[int, int], int]] = {
+    "||": lambda a, b: int(bool(a or b)),
+    "&&": lambda a, b: int(bool(a and b)),
+    "|": int.__or__,
+    "^": int.__xor__,
+    "&": int.__and__,
+    "==": lambda a, b: int(a == b),
+    "!=": lambda a, b: int(a != b),
+    "<": lambda a, b: int(a < b),
+    "<=": lambda a, b: int(a <= b),
+    ">": lambda a, b: int(a > b),
+    ">=": lambda a, b: int(a >= b),
+    "<<": lambda a, b: a << (b & 63),  # the count modulo 64, as bash's C shift on 64 bits
+    ">>": lambda a, b: a >> (b & 63),
+    "+": int.__add__,
+    "-": int.__sub__,
+    "*": int.__mul__,
+}
+_UNARY: dict[str, Callable[[int], int]] = {
+    "-": int.__neg__,
+    "+": int.__pos__,
+    "!": lambda a: int(not a),
+    "~": int.__invert__,
+}
+_TOKEN = re.compile(
+    r"[ \t\n]*(?:(?P<number>[0-9][0-9A-Za-z@_#]*)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<operator>\*\*|<<|>>|<=|>=|==|!=|&&|\|\||\+\+|--|[-+*/%<>&|^!~?:,()]))"
+)
 
 
 def evaluate_arithmetic(expression: str, lookup: Callable[[str], str | None]) -> int:
     """The value of a bash arithmetic expression; ``lookup`` gives a variable's text (a name
     whose text is itself an expression is evaluated, as bash does).  ``ValueError`` names what
     is not plain arithmetic."""
-    return _evaluate(expression, lookup, depth=0)
+    try:
+        return _evaluate(expression, lookup, depth=0)
+    except RecursionError:
+        raise ValueError(f"{quoted(expression.strip())} is nested too deeply") from None
 
 
 def _evaluate(expression: str, lookup: Callable[[str], str | None], depth: int) -> int:
-    if depth > 8:
+    if depth > MAX_VARIABLE_DEPTH:
         raise ValueError("variables refer to each other too deeply")
-    text = expression.strip().replace("&&", " and ").replace("||", " or ")
-    text = re.sub(r"!(?!=)", " not ", text)
-    if not text:
-        return 0
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError):
-        raise ValueError(
-            f"{expression.strip()!r} is not arithmetic this reader evaluates"
-        ) from None
-
-    def value(node: ast.AST) -> int:
-        result = operation(node)
-        if abs(result) >= MAX_MAGNITUDE:
-            raise ValueError(f"{expression.strip()!r} overflows 64 bits")
-        return result
-
-    def operation(node: ast.AST) -> int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.Name):
-            text = lookup(node.id)
-            return _evaluate(text or "0", lookup, depth + 1)
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd | ast.Not):
-            operand = value(node.operand)
-            if isinstance(node.op, ast.Not):
-                return int(not operand)
-            return -operand if isinstance(node.op, ast.USub) else operand
-        if isinstance(node, ast.BinOp):
-            left, right = value(node.left), value(node.right)
-            if type(node.op) in _BINARY:
-                return _BINARY[type(node.op)](left, right)
-            if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
-                if right == 0:
-                    raise ValueError(f"{expression.strip()!r} divides by zero")
-                quotient = abs(left) // abs(right) * (1 if (left >= 0) == (right >= 0) else -1)
-                return quotient if not isinstance(node.op, ast.Mod) else left - right * quotient
-            if isinstance(node.op, ast.Pow):
-                if right < 0 or (abs(left) > 1 and right > 63):
-                    raise ValueError(f"{expression.strip()!r}: exponent out of range")
-                return left**right
-        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
-            return int(_COMPARE[type(node.ops[0])](value(node.left), value(node.comparators[0])))
-        if isinstance(node, ast.BoolOp):
-            values = [value(v) for v in node.values]
-            return int(all(values) if isinstance(node.op, ast.And) else any(values))
-        if isinstance(node, ast.IfExp):
-            return value(node.body) if value(node.test) else value(node.orelse)
-        raise ValueError(f"{expression.strip()!r} is not arithmetic this reader evaluates")
-
-    try:
-        return value(tree)
-    except RecursionError:
-        raise ValueError(f"{expression.strip()!r} is nested too deeply") from None
+    return _Reader(expression.strip(), lookup, depth).whole()
 
 
-_SPECIFIER = re.compile(r"%(-?\d*)([sdiu%])")
+def _wrap(value: int) -> int:
+    """``value`` as bash's signed 64-bit integers hold it."""
+    return (value + _BITS // 2) % _BITS - _BITS // 2
+
+
+def _tokens(text: str) -> list[str]:
+    """The expression's tokens; ``++``/``--`` only where bash reads an increment (next to a
+    name), elsewhere two signs (``--1`` is 1), as bash's tokenizer decides."""
+    tokens: list[str] = []
+    position = 0
+    while position < len(text):
+        match = _TOKEN.match(text, position)
+        if match is None:
+            if text[position:].strip(" \t\n"):
+                raise ValueError(f"{quoted(text)} is not arithmetic this reader evaluates")
+            break
+        token = match[match.lastgroup or "operator"]
+        position = match.end()
+        if token in ("++", "--"):
+            after_name = bool(tokens) and _is_name(tokens[-1])
+            before_name = _is_name(text[position:].lstrip(" \t\n")[:1])
+            if not (after_name or before_name):
+                token, position = token[0], position - 1
+        tokens.append(token)
+    return tokens
+
+
+def _is_name(token: str) -> bool:
+    return token[:1].isascii() and (token[:1].isalpha() or token[:1] == "_")
+
+
+class _Reader:
+    """One expression, read and computed at once as bash's evaluator does: a side that a
+    ``&&``, ``||`` or ``?:`` skips is read with ``live`` False (names 0, no division error)."""
+
+    def __init__(self, text: str, lookup: Callable[[str], str | None], depth: int) -> None:
+        self.text, self.lookup, self.depth = text, lookup, depth
+        self.tokens = _tokens(text)
+        self.position = 0
+        self.nesting = 0
+
+    def error(self, problem: str = "is not arithmetic this reader evaluates") -> ValueError:
+        return ValueError(f"{quoted(self.text)} {problem}")
+
+    def peek(self) -> str:
+        return self.tokens[self.position] if self.position < len(self.tokens) else ""
+
+    def take(self) -> str:
+        token = self.peek()
+        self.position += 1
+        return token
+
+    @contextmanager
+    def nested(self) -> Iterator[None]:
+        self.nesting += 1
+        if self.nesting > MAX_NESTING:
+            raise self.error("is nested too deeply")
+        yield
+        self.nesting -= 1
+
+    def whole(self) -> int:
+        if not self.tokens:
+            return 0  # $(( )) is 0, as in bash
+        value = self.comma(live=True)
+        if self.position < len(self.tokens):
+            raise self.error()
+        return value
+
+    def comma(self, live: bool) -> int:
+        value = self.conditional(live)
+        while self.peek() == ",":
+            self.take()
+            value = self.conditional(live)
+        return value
+
+    def conditional(self, live: bool) -> int:
+        condition = self.binary(1, live)
+        if self.peek() != "?":
+            return condition
+        self.take()
+        with self.nested():
+            chosen = self.comma(live and condition != 0)
+            if self.take() != ":":
+                raise self.error()
+            other = self.conditional(live and condition == 0)
+        return chosen if condition else other
+
+    def binary(self, lowest: int, live: bool) -> int:
+        left = self.unary(live)
+        while (operator := self.peek()) in _PRECEDENCE and _PRECEDENCE[operator] >= lowest:
+            self.take()
+            skipped = (operator == "&&" and not left) or (operator == "||" and left)
+            runs = live and not skipped
+            precedence = _PRECEDENCE[operator]
+            right = self.binary(precedence + (operator != "**"), runs)
+            left = self.apply(operator, left, right, runs)
+        return left
+
+    def apply(self, operator: str, left: int, right: int, live: bool) -> int:
+        if operator in ("/", "%"):
+            if right == 0:
+                if live:
+                    raise self.error("divides by zero")
+                return 0
+            quotient = abs(left) // abs(right) * (1 if (left >= 0) == (right >= 0) else -1)
+            return _wrap(quotient if operator == "/" else left - right * quotient)
+        if operator == "**":
+            if right < 0:
+                raise self.error("has a negative exponent (exponent out of range)")
+            return _wrap(pow(left, right, _BITS))
+        return _wrap(_OPERATIONS[operator](left, right))
+
+    def unary(self, live: bool) -> int:
+        token = self.take()
+        if token in _UNARY:
+            with self.nested():
+                return _wrap(_UNARY[token](self.unary(live)))
+        if token == "(":
+            with self.nested():
+                value = self.comma(live)
+            if self.take() != ")":
+                raise self.error()
+            return value
+        if token[:1].isdigit():
+            return _number(token, self.text)
+        if _is_name(token) and self.peek() not in ("++", "--"):
+            if not live:
+                return 0
+            return _evaluate(self.lookup(token) or "0", self.lookup, self.depth + 1)
+        raise self.error()
+
+
+def _number(token: str, text: str) -> int:
+    """A bash integer constant: decimal, ``0x`` hex, ``0`` octal or ``BASE#DIGITS`` (bases 2 to
+    64: ``0-9a-zA-Z@_``), wrapped to 64 bits as bash's are."""
+    base, digits = 10, token
+    if token[:2] in ("0x", "0X"):
+        base, digits = 16, token[2:]
+    elif token.startswith("0"):
+        base, digits = 8, token[1:]
+    if "#" in digits:
+        prefix, _, digits = digits.partition("#")
+        if base != 10 or not prefix.isdigit() or not 2 <= int(prefix) <= 64 or not digits:
+            raise ValueError(f"{quoted(text)}: {quoted(token)} is not a number bash reads")
+        base = int(prefix)
+    value = 0
+    for char in digits:
+        digit = _digit(char, base)
+        if digit is None or digit >= base:
+            raise ValueError(f"{quoted(text)}: {quoted(token)} is not a number bash reads")
+        value = (value * base + digit) % _BITS
+    return _wrap(value)
+
+
+def _digit(char: str, base: int) -> int | None:
+    if char.isdigit():
+        return int(char)
+    if "a" <= char <= "z":
+        return ord(char) - ord("a") + 10
+    if "A" <= char <= "Z":
+        return ord(char) - ord("A") + (10 if base <= 36 else 36)
+    return {"@": 62, "_": 63}.get(char)
+
+
+# printf: a specifier's flags, width, precision and conversion, as C's printf (and bash's).
+_SPECIFIER = re.compile(r"%([-+ 0]*)(\d*)(?:\.(\d*))?([sdiuxX%])")
+_INTEGER = re.compile(r"[ \t\n]*([-+]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9][0-9]*))")
 
 
 def printf(template: str, arguments: list[str]) -> str:
-    """``printf -v NAME template arguments``: ``%s``, ``%d``/``%i``/``%u`` (with a width) and
-    ``%%``; the template is reused while arguments remain, as bash reuses it."""
-    if re.search(r"%(?!-?\d*[sdiu%])", template):
-        raise ValueError(f"printf format {template!r} uses a specifier this reader does not know")
-    consumes = sum(1 for m in _SPECIFIER.finditer(template) if m[2] != "%")
+    """``printf -v NAME template arguments``: ``%s``, ``%d``/``%i``, ``%u``, ``%x``/``%X`` and
+    ``%%``, with C's flags (``-+ 0``), width and precision, and the format's backslash escapes;
+    the template is reused while arguments remain, as bash reuses it."""
+    pieces = _pieces(template)
+    consumes = any(isinstance(p, re.Match) and p[4] != "%" for p in pieces)
     pending = list(arguments)
     out: list[str] = []
+    size = 0
     while True:
-        out.append(_SPECIFIER.sub(lambda m: _format(m, pending), template))
-        if sum(map(len, out)) > MAX_PRINTF_CHARS:
-            raise ValueError("printf output is too long")
+        for piece in pieces:
+            text = piece if isinstance(piece, str) else _format(piece, pending)
+            out.append(text)
+            size += len(text)
+            if size > MAX_PRINTF_CHARS:
+                raise ValueError("printf output is too long")
         if not pending or not consumes:
-            return "".join(out).replace("\\n", "\n").replace("\\t", "\t")
+            return "".join(out).partition("\0")[0]  # a variable ends at a NUL, as bash's do
+
+
+def _pieces(template: str) -> list[str | re.Match[str]]:
+    """The format as literal text (its escapes decoded) and specifiers, read left to right as
+    bash reads it."""
+    pieces: list[str | re.Match[str]] = []
+    literal: list[str] = []
+    position = 0
+    while position < len(template):
+        char = template[position]
+        if char == "%":
+            match = _SPECIFIER.match(template, position)
+            if match is None:
+                raise ValueError(
+                    f"printf format {quoted(template)} uses a specifier this reader does not know"
+                )
+            pieces += ["".join(literal), match]
+            literal, position = [], match.end()
+        elif char == "\\":
+            text, position = backslash_escape(template, position, ansi_c=False)
+            literal.append(text)
+        else:
+            literal.append(char)
+            position += 1
+    return [*pieces, "".join(literal)]
 
 
 def _format(match: re.Match[str], pending: list[str]) -> str:
-    width, kind = match[1], match[2]
+    flags, width, precision, kind = match[1], match[2], match[3], match[4]
     if kind == "%":
         return "%"
+    if max(int(width or 0), int(precision or 0)) > MAX_PRINTF_CHARS:
+        raise ValueError("printf width is too large")
     argument = pending.pop(0) if pending else ""
-    if kind != "s":
-        try:
-            argument = str(int(argument or "0"))
-        except ValueError:
-            raise ValueError(f"printf %{kind} got {argument!r}, not an integer") from None
-    if width:
-        size = int(width)
-        if abs(size) > MAX_PRINTF_CHARS:
-            raise ValueError("printf width is too large")
-        argument = argument.ljust(-size) if size < 0 else argument.rjust(size)
-    return argument
+    dot = "" if precision is None else f".{precision}"
+    if kind == "s":
+        return f"%{flags}{width}{dot}s" % argument
+    value = _integer(argument, kind)
+    if kind in "uxX":
+        flags = flags.replace("+", "").replace(" ", "")  # C: signs are for signed numbers
+    if precision is not None:
+        flags = flags.replace("0", "")  # C pads with zeros up to the precision, not the width
+        if value == 0 and not int(precision or 0):  # C prints no digit, only a sign flag
+            sign = "+" if "+" in flags else " " if " " in flags else ""
+            return f"%{'-' if '-' in flags else ''}{width}s" % sign
+    return f"%{flags}{width}{dot}{'d' if kind in 'diu' else kind}" % value
+
+
+def _integer(argument: str, kind: str) -> int:
+    """An argument of ``%d`` (or ``%u``, ``%x``) as bash's printf reads it: an integer constant
+    in C's notation, an empty one 0, ``'C`` the character's code; unsigned ones modulo 2**64."""
+    if argument[:1] in ("'", '"'):
+        if argument[1:2].isascii():
+            return ord(argument[1]) if argument[1:] else 0
+        raise ValueError(f"printf %{kind} got {quoted(argument)}, not an integer")
+    match = _INTEGER.fullmatch(argument)
+    if argument and match is None:
+        raise ValueError(f"printf %{kind} got {quoted(argument)}, not an integer")
+    value = 0
+    if match is not None:
+        hexadecimal, octal, decimal = match[2], match[3], match[4]
+        magnitude = (
+            int(hexadecimal, 16) if hexadecimal else int(octal, 8) if octal else int(decimal)
+        )
+        value = -magnitude if match[1] == "-" else magnitude
+    if kind in "di":
+        if not -_BITS // 2 <= value < _BITS // 2:
+            raise ValueError(f"printf %{kind} got {quoted(argument)}, not an integer of 64 bits")
+        return value
+    if abs(value) >= _BITS:
+        raise ValueError(f"printf %{kind} got {quoted(argument)}, not an integer of 64 bits")
+    return value % _BITS

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ray_layout.errors import clipped
 from ray_layout.model.bash_arithmetic import evaluate_arithmetic
-from ray_layout.model.bash_words import Literal, Part, Reference, Substitution, Word
+from ray_layout.model.bash_tokens import Literal, Part, Reference, Substitution, Word
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,12 @@ class Text:
 
     def __add__(self, other: Text) -> Text:
         missing = self.missing + tuple(m for m in other.missing if m not in self.missing)
-        return Text(self.text + other.text, self.offsets + other.offsets, missing,
-                    self.unresolved or other.unresolved)  # fmt: skip
+        return Text(
+            self.text + other.text,
+            self.offsets + other.offsets,
+            missing,
+            self.unresolved or other.unresolved,
+        )
 
     @staticmethod
     def of(text: str) -> Text:
@@ -53,52 +58,139 @@ class ExpandedWord:
     unresolved: str | None = None
     missing: tuple[str, ...] = ()  # unset variables that expanded to nothing inside the word
 
+    @property
+    def unknown(self) -> str | None:
+        """Why the job may see other text than ``text``, if it may: a value this reader does
+        not have, or a variable nothing set (here it expanded to nothing)."""
+        return self.unresolved or (not_set(self.missing[0]) if self.missing else None)
+
 
 def expand(token: Word, variables: dict[str, Value]) -> list[ExpandedWord]:
     """A word as bash passes it: unquoted expansions split on blanks, ``"${A[@]}"`` one word
     per element, an unquoted expansion to nothing no word at all.  A word with a value this
     reader does not have is one word, as written, with the reason."""
-    fields: list[Text] = []
-    current: Text | None = None  # None: no word started yet
-    missing: tuple[str, ...] = ()
-    for part in token.parts:
-        if isinstance(part, Literal):
-            current = (current or _EMPTY) + Text(part.text, part.offsets)
-            continue
-        value = part_value(part, variables)
+    fields = _Fields()
+    try:
+        fields.add(token.parts, variables, expanded=False)
+    except _Unknown as unknown:
+        return [_placeholder(token, str(unknown))]
+    words = fields.finish()
+    if not words and fields.missing:  # `--nnodes $NNODES`: a value the job's environment gives
+        return [_placeholder(token, not_set(fields.missing[0]))]
+    return [ExpandedWord(f.text, token.line, f.offsets, f.unresolved, f.missing) for f in words]
+
+
+class _Fields:
+    """The words one word of the script becomes, built as bash builds them: ``current`` is None
+    until something (a character, a quoted empty string) starts a word.  An unset variable that
+    expands to nothing stays named on the word it was in (``--nnodes=$NN``), for where its
+    value matters."""
+
+    def __init__(self) -> None:
+        self.done: list[Text] = []
+        self.current: Text | None = None
+        self.missing: tuple[str, ...] = ()  # every unset variable the word used
+        self.pending: tuple[str, ...] = ()  # those that expanded to nothing between words
+        self.characters = False  # the expansion so far gave characters (blanks too)
+        self.null = False  # a quoted part of it gave nothing: bash's had_quoted_null
+
+    def add(self, parts: tuple[Part, ...], variables: dict[str, Value], *, expanded: bool) -> None:
+        """``parts`` in order; ``expanded``: they are a default's word (``${U:-a 'b c'}``),
+        whose unquoted text is split as any expansion's result is, and its quoted text not."""
+        for part in parts:
+            if isinstance(part, Literal):
+                text = Text(part.text, part.offsets)
+                if expanded and not part.quoted:
+                    self.split_in(text, split(text))
+                else:
+                    self.join(text)
+                    self.null |= not text.text
+            elif isinstance(part, Reference) and not part.quoted and takes_word(part, variables):
+                if part.operator in (":=", "="):  # assigned, then split whole as bash does
+                    self.value(part, reference(part, variables))
+                else:
+                    self.word_of(part, variables)
+            else:
+                self.value(part, part_value(part, variables))
+
+    def word_of(self, part: Reference, variables: dict[str, Value]) -> None:
+        """A default's or alternative's word, expanded on its own as bash does.  One that gives
+        no characters but a quoted null (``${V:+""}``, ``${U:-"$E"}``) keeps that null, which
+        starts a word, only if no quoted part before it in the word gave nothing: bash drops it
+        after one (``""$V${V:+""}`` is one word where ``V=' '``; ``x$V${V:+""}`` two).  One
+        that gives characters and a quoted null (``${V:+""x}``) counts as such a part."""
+        null, characters, before = self.null, self.characters, self.current
+        self.null = self.characters = False
+        self.add(part.argument, variables, expanded=True)
+        if self.characters:
+            self.null |= null
+        else:
+            if null and self.current is not before:  # drop the null, keep what was missing
+                missing = self.current.missing if self.current is not None else ()
+                if before is None:
+                    self.current, self.pending = None, missing
+                else:
+                    self.current = before + Text("", (), missing)
+            self.null = null
+        self.characters |= characters
+
+    def value(self, part: Part, value: Value) -> None:
         if isinstance(value, Unresolved):
-            return [_placeholder(token, value.reason)]
-        missing += tuple(name for name in _missing(value) if name not in missing)
-        quoted = part.quoted
-        if isinstance(value, tuple) and quoted and part.index == "@":
+            raise _Unknown(value.reason)
+        self.missing += tuple(n for n in _missing(value) if n not in self.missing)
+        each_element = isinstance(part, Reference) and part.quoted and part.index == "@"
+        if isinstance(value, tuple) and each_element:
             for position, element in enumerate(value):
                 if position:
-                    fields.append(current or _EMPTY)
-                    current = None
-                current = (current or _EMPTY) + element
-            continue
+                    self.end()
+                    self.characters = True  # bash separates the elements by a blank
+                self.join(element)
+            self.null |= len(value) == 1 and not value[0].text
+            return
         text = _join(list(value)) if isinstance(value, tuple) else value
-        if quoted:
-            current = (current or _EMPTY) + text
-            continue
+        if part.quoted:
+            self.join(text)
+            self.null |= not text.text
+            return
         elements = value if isinstance(value, tuple) else (value,)
-        pieces = [piece for element in elements for piece in split(element)]
-        if text.text[:1].isspace() and current is not None:
-            fields.append(current)
-            current = None
+        self.split_in(text, [piece for element in elements for piece in split(element)])
+
+    def split_in(self, text: Text, pieces: list[Text]) -> None:
+        """An unquoted result: blanks end words, its pieces join the words around them."""
+        self.characters |= bool(text.text)
+        if text.text[:1].isspace():
+            self.end()
         for position, piece in enumerate(pieces):
             if position:
-                fields.append(current or _EMPTY)
-                current = None
-            current = (current or _EMPTY) + piece
-        if text.text[-1:].isspace() and current is not None:
-            fields.append(current)
-            current = None
-    if current is not None:
-        fields.append(current)
-    if not fields and missing:  # `--nnodes $NNODES`: a value the job's environment gives
-        return [_placeholder(token, not_set(missing[0]))]
-    return [ExpandedWord(f.text, token.line, f.offsets, f.unresolved, f.missing) for f in fields]
+                self.end()
+            self.join(piece)
+        if text.text[-1:].isspace():
+            self.end()
+        if not pieces and text.missing:
+            if self.current is None:
+                self.pending += text.missing
+            else:
+                self.current += Text("", (), text.missing)
+
+    def join(self, text: Text) -> None:
+        self.characters |= bool(text.text)
+        start = self.current if self.current is not None else Text("", (), self.pending)
+        self.current, self.pending = start + text, ()
+
+    def end(self) -> None:
+        if self.current is not None:
+            self.done.append(self.current)
+            self.current = None
+
+    def finish(self) -> list[Text]:
+        self.end()
+        if self.pending and self.done:
+            self.done[-1] += Text("", (), self.pending)
+        return self.done
+
+
+class _Unknown(Exception):
+    """A part of the word whose value this reader does not have (the reason)."""
 
 
 def expand_whole(token: Word, variables: dict[str, Value]) -> ExpandedWord:
@@ -121,7 +213,9 @@ def part_value(part: Part, variables: dict[str, Value]) -> Value:
     if isinstance(part, Substitution):
         if part.kind == "arithmetic":
             return arithmetic(part, variables)
-        return Unresolved(f"{part.source} (a command substitution, which needs a real shell)")
+        return Unresolved(
+            f"{clipped(part.source)} (a {part.kind} substitution, which needs a real shell)"
+        )
     assert isinstance(part, Reference)
     return reference(part, variables)
 
@@ -132,56 +226,74 @@ def arithmetic(part: Substitution, variables: dict[str, Value]) -> Value:
         if isinstance(value, Text) and not value.missing:
             return value.text
         if value is None or isinstance(value, Text):
-            raise _NotPlain(not_set(name if value is None else value.missing[0]))
-        raise _NotPlain(value.reason if isinstance(value, Unresolved) else f"array {name}")
+            raise _Unknown(not_set(name if value is None else value.missing[0]))
+        raise _Unknown(value.reason if isinstance(value, Unresolved) else f"array {name}")
 
     try:
         expression = expand_whole(_literal_word(part.text), variables)
         if expression.unresolved or expression.missing:
             return Unresolved(expression.unresolved or not_set(expression.missing[0]))
         return Text.of(str(evaluate_arithmetic(expression.text, lookup)))
-    except _NotPlain as exc:
-        return Unresolved(f"{part.source} uses {exc}")
+    except _Unknown as exc:
+        return Unresolved(f"{clipped(part.source)} uses {exc}")
     except ValueError as exc:
-        return Unresolved(f"{part.source}: {exc}")
+        return Unresolved(f"{clipped(part.source)}: {exc}")
 
 
 def reference(part: Reference, variables: dict[str, Value]) -> Value:
     name, operator = part.name, part.operator
     if operator == "unsupported":
-        return Unresolved(f"{part.source} (an expansion this reader does not evaluate)")
-    if name in ("?", "$", "!", "-"):
-        return Unresolved(f"{part.source} (a value only a running shell has)")
-    value = variables.get(name)
+        return Unresolved(f"{clipped(part.source)} (an expansion this reader does not evaluate)")
+    if name in _SHELL_ONLY:
+        return Unresolved(f"{clipped(part.source)} (a value only a running shell has)")
     if operator == "#":
-        if isinstance(value, Unresolved):
-            return value
-        count = len(value) if isinstance(value, tuple) else len(value.text) if value else 0
+        whole = variables.get(name)
+        if isinstance(whole, Unresolved):
+            return whole
+        count = len(whole) if isinstance(whole, tuple) else len(whole.text) if whole else 0
         return Text.of(str(count))
-    if isinstance(value, tuple) and part.index not in ("@", "*"):
-        position = int(part.index) if (part.index or "0").isdigit() else -1
-        value = value[position] if 0 <= position < len(value) else None
-    is_set = value is not None
-    empty = not is_set or (isinstance(value, Text) and not value.text) or value == ()
-    if isinstance(value, Unresolved) and operator in (":-", "-", ":=", "=", ":+", "+"):
-        return value
-    if operator in (":-", "-", ":=", "=") and (empty if operator[0] == ":" else not is_set):
-        default = expand_whole(Word(part.argument, 0, 0, 0), variables)
-        if default.unresolved:
-            return Unresolved(default.unresolved)
-        result = Text(default.text, default.offsets)
+    if takes_word(part, variables):
+        word = expand_whole(Word(part.argument, 0, 0, 0), variables)
+        if word.unresolved:
+            return Unresolved(word.unresolved)
+        result = Text(word.text, word.offsets, word.missing)
         if operator in (":=", "="):
             variables[name] = result
         return result
+    value = _value_of(part, variables)
+    if isinstance(value, Unresolved):
+        return value
     if operator in (":+", "+"):
-        if not (empty if operator == ":+" else not is_set):
-            alternative = expand_whole(Word(part.argument, 0, 0, 0), variables)
-            if alternative.unresolved:
-                return Unresolved(alternative.unresolved)
-            return Text(alternative.text, alternative.offsets)
         return _EMPTY
     if value is None:  # as in bash, nothing; remembered, for where the value matters
         return Text("", (), (name,))
+    return value
+
+
+_SHELL_ONLY = ("?", "$", "!", "-")
+_WORD_OPERATORS = (":-", "-", ":=", "=", ":+", "+")
+
+
+def takes_word(part: Reference, variables: dict[str, Value]) -> bool:
+    """Whether ``${NAME:-word}`` (or ``-``, ``:=``, ``=``, ``:+``, ``+``) expands to its word:
+    a default for a variable unset (or empty, with ``:``), an alternative for one set."""
+    if part.operator not in _WORD_OPERATORS or part.name in _SHELL_ONLY:
+        return False
+    value = _value_of(part, variables)
+    if isinstance(value, Unresolved):
+        return False
+    absent = value is None
+    if part.operator.startswith(":"):
+        absent = absent or value == () or (isinstance(value, Text) and not value.text)
+    return absent != part.operator.endswith("+")
+
+
+def _value_of(part: Reference, variables: dict[str, Value]) -> Value | None:
+    """What the reference names (an array's element for ``${A[1]}``); None: nothing set it."""
+    value = variables.get(part.name)
+    if isinstance(value, tuple) and part.index not in ("@", "*"):
+        position = int(part.index) if (part.index or "0").isdigit() else -1
+        return value[position] if 0 <= position < len(value) else None
     return value
 
 
@@ -210,10 +322,6 @@ def _missing(value: Value) -> tuple[str, ...]:
     if isinstance(value, tuple):
         return tuple(name for text in value for name in text.missing)
     return ()
-
-
-class _NotPlain(Exception):
-    pass
 
 
 def _placeholder(token: Word, reason: str) -> ExpandedWord:

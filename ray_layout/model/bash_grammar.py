@@ -5,11 +5,20 @@ which reserved word closes a block, the clauses of an ``if``, what an assignment
 from __future__ import annotations
 
 from ray_layout.errors import ConfigError
-from ray_layout.model.bash_words import ArrayLiteral, Literal, Operator, Part, Token, Word
+from ray_layout.model.bash_tokens import ArrayLiteral, Literal, Operator, Part, Token, Word
 
 SEPARATORS = frozenset({"\n", ";", "&", ";;"})
-OPENERS = {"if": "fi", "for": "done", "while": "done", "until": "done", "case": "esac",
-           "select": "done", "{": "}", "function": "}"}  # fmt: skip
+PIPES = frozenset({"|", "|&"})  # |& pipes the standard error too: no redirection
+OPENERS = {
+    "if": "fi",
+    "for": "done",
+    "while": "done",
+    "until": "done",
+    "case": "esac",
+    "select": "done",
+    "{": "}",
+    "function": "}",
+}
 
 
 def evaluate_test(operands: list[str]) -> bool | None:
@@ -24,8 +33,14 @@ def evaluate_test(operands: list[str]) -> bool | None:
             return left == right
         if operator == "!=":
             return left != right
-        numeric = {"-eq": int.__eq__, "-ne": int.__ne__, "-lt": int.__lt__, "-le": int.__le__,
-                   "-gt": int.__gt__, "-ge": int.__ge__}  # fmt: skip
+        numeric = {
+            "-eq": int.__eq__,
+            "-ne": int.__ne__,
+            "-lt": int.__lt__,
+            "-le": int.__le__,
+            "-gt": int.__gt__,
+            "-ge": int.__ge__,
+        }
         if operator in numeric:
             try:
                 return numeric[operator](int(left), int(right))
@@ -35,11 +50,12 @@ def evaluate_test(operands: list[str]) -> bool | None:
 
 
 def command_end(tokens: list[Token], start: int) -> int:
-    """The index of the separator (or ``&&``/``||``/``|``) that ends the command at ``start``."""
+    """The index of the separator (or ``&&``/``||``/``|``/``|&``) that ends the command at
+    ``start``."""
     index = start
     while index < len(tokens):
         token = tokens[index]
-        if isinstance(token, Operator) and token.text in SEPARATORS | {"&&", "||", "|", ")"}:
+        if isinstance(token, Operator) and token.text in SEPARATORS | {"&&", "||", ")"} | PIPES:
             return index
         index += 1
     return index
@@ -62,10 +78,18 @@ def at_command_start(tokens: list[Token], index: int) -> bool:
         return True
     previous = tokens[index - 1]
     if isinstance(previous, Operator):
-        return previous.text in SEPARATORS | {"&&", "||", "|", "(", ")"}
+        return previous.text in SEPARATORS | {"&&", "||", "(", ")"} | PIPES
     return isinstance(previous, Word) and previous.plain in (
-        "then", "else", "do", "{", "if", "elif", "while", "until", "!"
-    )  # fmt: skip
+        "then",
+        "else",
+        "do",
+        "{",
+        "if",
+        "elif",
+        "while",
+        "until",
+        "!",
+    )
 
 
 def matching_end(tokens: list[Token], start: int, opener: str, closing: str, source: str) -> int:

@@ -26,11 +26,11 @@ from ray_layout.model.bash_expand import (
     elements,
     expand,
     expand_whole,
-    not_set,
     same,
 )
 from ray_layout.model.bash_grammar import (
     OPENERS,
+    PIPES,
     SEPARATORS,
     and_or_end,
     assignment,
@@ -44,16 +44,11 @@ from ray_layout.model.bash_grammar import (
     next_brace,
     value_of_assignment,
 )
-from ray_layout.model.bash_words import (
-    ArrayLiteral,
-    Heredoc,
-    Operator,
-    Token,
-    Word,
-    tokenize,
-)
+from ray_layout.model.bash_tokens import ArrayLiteral, Heredoc, Operator, Token, Word
+from ray_layout.model.bash_words import tokenize
 
-_REDIRECTIONS = frozenset({">", ">>", ">&", "&>", "<", "<&", "<<", "<<-", "<<<", "|&"})
+# Each takes the word after it (its target), but << and <<-, whose body is a token of its own.
+_REDIRECTIONS = frozenset({">", ">>", ">&", ">|", "&>", "&>>", "<", "<&", "<>", "<<<"})
 _DECLARATIONS = frozenset({"export", "declare", "typeset", "local", "readonly"})
 
 
@@ -98,8 +93,14 @@ def read_script(
     given = dict(environment or {})
     state = _State({name: Text.of(value) for name, value in given.items()})
     _Runner(source, given).run(tokenize(text, source), state)
-    return ScriptReading(state.variables, tuple(state.exported), tuple(state.commands),
-                         tuple(dict.fromkeys(state.notes)), given, state.lines)  # fmt: skip
+    return ScriptReading(
+        state.variables,
+        tuple(state.exported),
+        tuple(state.commands),
+        tuple(dict.fromkeys(state.notes)),
+        given,
+        state.lines,
+    )
 
 
 class _Runner:
@@ -115,7 +116,7 @@ class _Runner:
 
     def statement(self, tokens: list[Token], start: int, state: _State) -> int:
         token = tokens[start]
-        if isinstance(token, Operator) and token.text in SEPARATORS | {"&&", "||", "|"}:
+        if isinstance(token, Operator) and token.text in SEPARATORS | {"&&", "||"} | PIPES:
             return start + 1
         if isinstance(token, Heredoc):
             return start + 1
@@ -197,9 +198,14 @@ class _Runner:
         unresolved, and the commands found inside run under the condition."""
         outcomes = []
         for body in bodies:
-            copy = _State(dict(state.variables), dict(state.exported), [], state.notes,
-                          reason if state.condition is None else state.condition,
-                          state.lines)  # fmt: skip
+            copy = _State(
+                dict(state.variables),
+                dict(state.exported),
+                [],
+                state.notes,
+                reason if state.condition is None else state.condition,
+                state.lines,
+            )
             self.run(body, copy)
             outcomes.append(copy)
         names = {name for outcome in outcomes for name in outcome.variables}
@@ -227,8 +233,14 @@ class _Runner:
             end = matching_end(tokens, start, keyword, closing, self.source)
             body, effect = tokens[start + 1 : end - 1], what or keyword
         reason = f"line {token.line}: a {effect} block, which needs a real shell"
-        copy = _State(dict(state.variables), dict(state.exported), [], state.notes,
-                      state.condition or reason, state.lines)  # fmt: skip
+        copy = _State(
+            dict(state.variables),
+            dict(state.exported),
+            [],
+            state.notes,
+            state.condition or reason,
+            state.lines,
+        )
         self.run(block_body(body), copy)
         if effect != "subshell":
             for name, value in copy.variables.items():
@@ -265,32 +277,28 @@ class _Runner:
             return
         if name in ("source", "."):
             target = words[1].text if len(words) > 1 else ""
-            state.notes.append(f"{self.source}:{words[0].line}: not read: {name} {target} "
-                               "(what it sets comes from the job's environment)")  # fmt: skip
-        environment = tuple((n, expand_whole(t, state.variables)) for n, t in prefixes
-                            if isinstance(t, Word))  # fmt: skip
+            state.notes.append(
+                f"{self.source}:{words[0].line}: not read: {name} {target} "
+                "(what it sets comes from the job's environment)"
+            )
+        environment = tuple(
+            (n, expand_whole(t, state.variables)) for n, t in prefixes if isinstance(t, Word)
+        )
         state.commands.append(Command(tuple(words), environment, words[0].line, state.condition))
 
     def command_words(self, tokens: list[Token], state: _State) -> list[ExpandedWord]:
-        """The command's words with redirections (and their targets, and a file descriptor
-        number before one) left out."""
+        """The command's words with redirections and their targets left out (the lexer already
+        took a file descriptor written against its operator, as in ``2>&1``)."""
         words: list[ExpandedWord] = []
         skip_next = False
-        for position, token in enumerate(tokens):
+        for token in tokens:
             if skip_next:
                 skip_next = False
                 continue
             if isinstance(token, Operator):
-                skip_next = token.text in _REDIRECTIONS and token.text not in ("<<", "<<-")
+                skip_next = token.text in _REDIRECTIONS
                 continue
             if isinstance(token, Heredoc | ArrayLiteral):
-                continue
-            following = tokens[position + 1] if position + 1 < len(tokens) else None
-            if (
-                (token.plain or "").isdigit()
-                and isinstance(following, Operator)
-                and (following.text in _REDIRECTIONS)
-            ):
                 continue
             words += expand(token, state.variables)
         return words
@@ -357,8 +365,13 @@ class _Runner:
         unresolved = next((w.unresolved for w in words[3:] if w.unresolved), None)
         if unresolved is not None or len(words) < 4:
             reason = unresolved or "no format"
-            self.set(name, Unresolved(f"{name} (printf -v, line {words[0].line}) = {reason}"),
-                     False, words[0].line, state)  # fmt: skip
+            self.set(
+                name,
+                Unresolved(f"{name} (printf -v, line {words[0].line}) = {reason}"),
+                False,
+                words[0].line,
+                state,
+            )
             return
         try:
             text = printf(words[3].text, [w.text for w in words[4:]])
@@ -385,8 +398,7 @@ class _Runner:
         if closing and words[-1].text == closing:
             words = words[:-1]
         operands = words[1:]
-        unresolved = next((w.unresolved or not_set(w.missing[0]) for w in operands
-                           if w.unresolved or w.missing), None)  # fmt: skip
+        unresolved = next((w.unknown for w in operands if w.unknown), None)
         if unresolved is not None:
             line = words[0].line
             return f"line {line}: a test on {unresolved}"
@@ -402,8 +414,11 @@ def words_of(text: Text, line: int, source: str) -> Iterator[Command]:
     reading = read_script(text.text, source)
     for command in reading.commands:
         words = tuple(
-            replace(word, line=line,
-                    offsets=tuple(text.offsets[o] if o >= 0 else -1 for o in word.offsets))
+            replace(
+                word,
+                line=line,
+                offsets=tuple(text.offsets[o] if o >= 0 else -1 for o in word.offsets),
+            )
             for word in command.words
-        )  # fmt: skip
+        )
         yield replace(command, words=words, line=line)

@@ -1,120 +1,43 @@
 """The words of a bash script, as bash's lexer cuts them: quotes, escapes, comments, line
 continuations, operators, heredocs, array literals and the expansions inside words.
 
-Nothing is expanded here: a word is a list of parts (literal text, a ``$NAME``/``${...}``
-reference, a ``$(...)`` or ``$((...))`` substitution), each literal character keeping its offset
-in the script so that a rewrite (``--write-script``) can change exactly the characters a value
-came from.  ``ray_layout.model.bash_script`` runs the words.
+Nothing is expanded here: the tokens (``ray_layout.model.bash_tokens``) keep each part as
+written.  ``ray_layout.model.bash_script`` runs them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, quoted
+from ray_layout.model.bash_escapes import backslash_escape
+from ray_layout.model.bash_tokens import (
+    ArrayLiteral,
+    Heredoc,
+    Literal,
+    Operator,
+    Part,
+    Reference,
+    Substitution,
+    Token,
+    Word,
+)
 
 MAX_SCRIPT_CHARS = 4_000_000  # a launch script is kilobytes; a 4 MB one is not a script
 MAX_NESTING = 64  # ${...} inside ${...}, $(...) inside $(...)
 
-_OPERATORS = ("&&", "||", ";;", "<<-", "<<<", "<<", ">>", ">&", "&>", "<&", "|&", ";", "&", "|",
-              "(", ")", "<", ">")  # fmt: skip
+# Operators, each before any that is its prefix (the longest one matches).
+_OPERATORS = (
+    *("&>>", "&&", "||", ";;", "<<-", "<<<", "<<", ">>", ">&", ">|", "<>", "&>", "<&", "|&"),
+    *(";", "&", "|", "(", ")", "<", ">"),
+)
 _METACHARACTERS = frozenset(" \t\n;&|()<>")
 _SPECIAL_PARAMETERS = frozenset("@*#?$!-0123456789")
 
 
-@dataclass(frozen=True)
-class Literal:
-    """Text as written; ``quoted`` text is never split into words."""
-
-    text: str
-    offsets: tuple[int, ...]  # each character's offset in the script
-    quoted: bool
-
-
-@dataclass(frozen=True)
-class Reference:
-    """``$NAME``, ``${NAME}``, ``${NAME[@]}``, ``${NAME:-word}``, ``${#NAME}``, ...
-
-    ``operator`` is the expansion's operator (``:-``, ``-``, ``:=``, ``:+``, ...; ``#`` for a
-    length, ``unsupported`` for a form this reader does not evaluate), ``argument`` its word.
-    """
-
-    name: str
-    index: str | None  # "@", "*", a number, or None
-    operator: str | None
-    argument: tuple[Part, ...]
-    quoted: bool
-    source: str  # the reference as written, for messages
-
-
-@dataclass(frozen=True)
-class Substitution:
-    """``$(command)``, a backquoted command, or ``$((arithmetic))``."""
-
-    kind: str  # "command" or "arithmetic"
-    text: str
-    quoted: bool
-    source: str
-
-
-Part = Literal | Reference | Substitution
-
-
-@dataclass(frozen=True)
-class Word:
-    parts: tuple[Part, ...]
-    line: int
-    start: int
-    end: int
-
-    @property
-    def plain(self) -> str | None:
-        """The word's text when it has no expansion and no quote at all (a reserved word, a
-        name), else None."""
-        if all(isinstance(p, Literal) and not p.quoted for p in self.parts):
-            return "".join(p.text for p in self.parts)  # type: ignore[union-attr]
-        return None
-
-    @property
-    def unquoted_prefix(self) -> str:
-        """The leading unquoted literal text: where ``NAME=`` of an assignment must be."""
-        first = self.parts[0] if self.parts else None
-        return first.text if isinstance(first, Literal) and not first.quoted else ""
-
-
-@dataclass(frozen=True)
-class ArrayLiteral:
-    """``NAME=( words )`` or ``NAME+=( words )``: the words between the parentheses."""
-
-    name: str
-    append: bool
-    words: tuple[Word, ...]
-    line: int
-
-
-@dataclass(frozen=True)
-class Operator:
-    text: str  # one of _OPERATORS, or "\n" for the end of a line
-    line: int
-
-
-@dataclass(frozen=True)
-class Heredoc:
-    """A here-document's body: data for the command, never commands of the script."""
-
-    delimiter: str
-    body: str
-    line: int
-
-
-Token = Word | ArrayLiteral | Operator | Heredoc
-
-
 class _Lexer:
-    def __init__(self, text: str, source: str) -> None:
-        self.text, self.source = text, source
+    def __init__(self, text: str, source: str, depth: int = 0) -> None:
+        self.text, self.source, self.depth = text, source, depth  # depth: inside $( ... )
         self.pos, self.line = 0, 1
-        self.pending_heredocs: list[tuple[str, bool]] = []  # (delimiter, strip tabs)
+        self.pending_heredocs: list[tuple[str, bool, bool]] = []  # (delimiter, <<-, quoted)
         self.tokens: list[Token] = []
 
     def error(self, message: str, line: int | None = None) -> ConfigError:
@@ -130,7 +53,10 @@ class _Lexer:
         self.pos += count
         return taken
 
-    def run(self) -> list[Token]:
+    def run(self, substitution_line: int | None = None) -> list[Token]:
+        """The tokens up to the end of the text or, inside a ``$(`` opened on
+        ``substitution_line``, up to (and past) the ``)`` that closes it."""
+        parentheses = 0
         while self.pos < len(self.text):
             char = self.peek()
             if char in " \t":
@@ -141,20 +67,45 @@ class _Lexer:
                 while self.peek() not in ("", "\n"):
                     self.advance()
             elif char == "\n":
-                self.tokens.append(Operator("\n", self.line))
+                line = self.line
                 self.advance()
-                self.read_heredoc_bodies()
+                self.read_heredoc_bodies()  # their tokens come before the line's end
+                self.tokens.append(Operator("\n", line))
+            elif self.at_process_substitution():
+                self.tokens.append(self.word_or_array())
             elif (operator := self.operator()) is not None:
+                if substitution_line is not None and operator == ")" and not parentheses:
+                    self.advance()
+                    self.end_heredocs()
+                    return self.tokens
+                parentheses += (operator == "(") - (operator == ")")
                 self.tokens.append(Operator(operator, self.line))
                 self.advance(len(operator))
                 if operator in ("<<", "<<-"):
                     self.heredoc_delimiter(strip_tabs=operator == "<<-")
             else:
-                self.tokens.append(self.word_or_array())
+                self.word_or_descriptor()
+        if substitution_line is not None:
+            raise self.error("a '$(' is never closed", substitution_line)
         self.read_heredoc_bodies()
-        if self.pending_heredocs:
-            raise self.error(f"here-document {self.pending_heredocs[0][0]!r} is never ended")
+        self.end_heredocs()
         return self.tokens
+
+    def end_heredocs(self) -> None:
+        if self.pending_heredocs:
+            raise self.error(f"here-document {quoted(self.pending_heredocs[0][0])} is never ended")
+
+    def word_or_descriptor(self) -> None:
+        """A word, or the file descriptor of a redirection written right before it (``2>``):
+        bash's IO number, which is no word of the command (``1000 > log`` is a word)."""
+        token = self.word_or_array()
+        descriptor = isinstance(token, Word) and (token.plain or "").isdigit()
+        if not (descriptor and token.plain.isascii() and self.peek() in ("<", ">")):  # type: ignore[union-attr]
+            self.tokens.append(token)
+
+    def at_process_substitution(self) -> bool:
+        """``<(command)`` or ``>(command)``: a word (a file name only a running shell has)."""
+        return self.peek() in ("<", ">") and self.peek(1) == "("
 
     def operator(self) -> str | None:
         return next((op for op in _OPERATORS if self.text.startswith(op, self.pos)), None)
@@ -168,25 +119,38 @@ class _Lexer:
         delimiter = "".join(p.text for p in word.parts if isinstance(p, Literal))
         if not delimiter:
             raise self.error("a here-document's delimiter must be a plain word")
-        self.pending_heredocs.append((delimiter, strip_tabs))
+        quoted = any(isinstance(p, Literal) and p.quoted for p in word.parts)
+        self.pending_heredocs.append((delimiter, strip_tabs, quoted))
 
     def read_heredoc_bodies(self) -> None:
         """The body of each here-document opened on the line just ended: the lines up to its
-        delimiter alone on a line (tabs stripped for ``<<-``)."""
+        delimiter alone on a line (tabs stripped for ``<<-``).  The body is data, never read
+        for quotes; under an unquoted delimiter a backslash-newline joins two lines (so
+        ``x\\`` then ``EOF`` is no end), as bash reads it."""
         while self.pending_heredocs:
-            delimiter, strip_tabs = self.pending_heredocs.pop(0)
+            delimiter, strip_tabs, quoted = self.pending_heredocs.pop(0)
             start_line, body = self.line, []
             while True:
-                if self.pos >= len(self.text):
-                    raise self.error(f"here-document {delimiter!r} is never ended", start_line)
-                end = self.text.find("\n", self.pos)
-                end = len(self.text) if end < 0 else end
-                line = self.text[self.pos : end]
-                self.advance(end - self.pos + (end < len(self.text)))
+                line = self.heredoc_line(delimiter, start_line, joined=not quoted)
                 if (line.lstrip("\t") if strip_tabs else line) == delimiter:
                     break
                 body.append(line)
             self.tokens.append(Heredoc(delimiter, "\n".join(body), start_line))
+
+    def heredoc_line(self, delimiter: str, start_line: int, *, joined: bool) -> str:
+        """The next line of a here-document's body (with its continuations where ``joined``)."""
+        pieces: list[str] = []
+        while True:
+            if self.pos >= len(self.text):
+                raise self.error(f"here-document {quoted(delimiter)} is never ended", start_line)
+            end = self.text.find("\n", self.pos)
+            end = len(self.text) if end < 0 else end
+            line = self.text[self.pos : end]
+            self.advance(end - self.pos + (end < len(self.text)))
+            backslashes = len(line) - len(line.rstrip("\\"))
+            if not (joined and backslashes % 2 and end < len(self.text)):
+                return "".join(pieces) + line
+            pieces.append(line[:-1])
 
     def word_or_array(self) -> Word | ArrayLiteral:
         start_line = self.line
@@ -220,7 +184,7 @@ class _Lexer:
 
     def word(self, *, inside_array: bool) -> Word:
         start, line = self.pos, self.line
-        parts = self.parts(stop=_METACHARACTERS, quoted=False, depth=0)
+        parts = self.parts(stop=_METACHARACTERS, quoted=False, depth=self.depth)
         if not parts:
             raise self.error(f"unexpected {self.peek()!r}")
         return Word(tuple(parts), line, start, self.pos)
@@ -239,7 +203,9 @@ class _Lexer:
                 text.clear()
                 offsets.clear()
 
-        while (char := self.peek()) != "" and char not in stop:
+        while (char := self.peek()) != "" and (
+            char not in stop or (not quoted and self.at_process_substitution())
+        ):
             if char == "\\":
                 following = self.peek(1)
                 if following == "\n":
@@ -259,16 +225,19 @@ class _Lexer:
                 parts.append(self.single_quoted())
             elif char == "$" and self.peek(1) == "'" and not quoted:
                 flush(quoted)
-                self.advance()
-                parts.append(self.single_quoted())
+                parts.append(self.ansi_c_quoted())
             elif char == '"' and not quoted:
                 flush(quoted)
+                line = self.line
                 self.advance()
                 inner = self.parts(stop='"', quoted=True, depth=depth + 1)
                 parts += inner or [Literal("", (), True)]  # "" is a word of its own
                 if self.peek() != '"':
-                    raise self.error("a quotation is never closed")
+                    raise self.error("a quotation is never closed", line)
                 self.advance()
+            elif not quoted and self.at_process_substitution():
+                flush(quoted)
+                parts.append(self.process_substitution(depth))
             elif char == "$" and (expansion := self.expansion(quoted, depth)) is not None:
                 flush(quoted)
                 parts.append(expansion)
@@ -293,6 +262,51 @@ class _Lexer:
         self.advance(end - self.pos + 1)
         return literal
 
+    def ansi_c_quoted(self) -> Literal:
+        """``$'...'``: quoted text whose backslash escapes bash decodes (``\\t``, ``\\'``,
+        ``\\x41``...), once its end is found (a backslash hides the character after it); a
+        decoded character has no offset of its own (-1), and a NUL ends the text, as in bash."""
+        line = self.line
+        self.advance(2)
+        start = self.pos
+        while (char := self.peek()) != "'":
+            if char == "":
+                raise self.error("a quotation is never closed", line)
+            self.advance(2 if char == "\\" else 1)
+        inside = self.text[start : self.pos]
+        self.advance()
+        text: list[str] = []
+        offsets: list[int] = []
+        position = 0
+        while position < len(inside):
+            if inside[position] == "\\":
+                decoded, position = backslash_escape(inside, position, ansi_c=True)
+                text.append(decoded)
+                offsets += [-1] * len(decoded)
+            else:
+                text.append(inside[position])
+                offsets.append(start + position)
+                position += 1
+        kept = "".join(text).partition("\0")[0]
+        return Literal(kept, tuple(offsets[: len(kept)]), True)
+
+    def process_substitution(self, depth: int) -> Substitution:
+        """``<(command)`` or ``>(command)``: a file name only a running shell has."""
+        start, line = self.pos, self.line
+        self.advance(2)
+        self.skip_command(line, depth)
+        source = self.text[start : self.pos]
+        return Substitution("process", source[2:-1], False, source)
+
+    def skip_command(self, line: int, depth: int) -> None:
+        """Past the ``)`` that closes a ``$(`` (or ``<(``) opened on ``line``: the command inside
+        is read as bash reads it (quotes, comments, here-documents, parentheses of its own), its
+        tokens left out."""
+        inner = _Lexer(self.text, self.source, depth + 1)
+        inner.pos, inner.line = self.pos, self.line
+        inner.run(substitution_line=line)
+        self.pos, self.line = inner.pos, inner.line
+
     def backquoted(self, quoted: bool) -> Substitution:
         start, line = self.pos, self.line
         self.advance()
@@ -311,7 +325,10 @@ class _Lexer:
             arithmetic = self.peek(2) == "("
             self.advance(3 if arithmetic else 2)
             body_start = self.pos
-            self.skip_balanced(")" * (1 + arithmetic))
+            if arithmetic:
+                self.skip_arithmetic()
+            else:
+                self.skip_command(self.line, depth)
             body = self.text[body_start : self.pos - 1 - arithmetic]
             kind = "arithmetic" if arithmetic else "command"
             return Substitution(kind, body, quoted, self.text[start : self.pos])
@@ -329,14 +346,13 @@ class _Lexer:
             return Reference(name, None, None, (), quoted, self.text[start : self.pos])
         return None
 
-    def skip_balanced(self, closing: str) -> None:
-        """Past the ``closing`` that ends a ``$(`` or ``$((``, over nested parentheses and
-        quotes."""
+    def skip_arithmetic(self) -> None:
+        """Past the ``))`` that ends a ``$((``, over nested parentheses and quotes."""
         depth, line = 0, self.line
         while True:
             char = self.peek()
             if char == "":
-                raise self.error("a '$(' is never closed", line)
+                raise self.error("a '$((' is never closed", line)
             if char == "\\":
                 self.advance(2)
             elif char in "'\"":
@@ -350,8 +366,8 @@ class _Lexer:
             elif char == ")" and depth:
                 depth -= 1
                 self.advance()
-            elif self.text.startswith(closing, self.pos):
-                self.advance(len(closing))
+            elif self.text.startswith("))", self.pos):
+                self.advance(2)
                 return
             else:
                 self.advance()
@@ -376,8 +392,14 @@ class _Lexer:
                 raise self.error("a '${NAME[' is never closed", line)
             index = self.text[self.pos + 1 : close]
             self.advance(close - self.pos + 1)
-        operator = next((op for op in (":-", ":=", ":+", ":?", "-", "=", "+", "?")
-                         if self.text.startswith(op, self.pos)), None)  # fmt: skip
+        operator = next(
+            (
+                op
+                for op in (":-", ":=", ":+", ":?", "-", "=", "+", "?")
+                if self.text.startswith(op, self.pos)
+            ),
+            None,
+        )
         argument: list[Part] = []
         if operator is not None:
             self.advance(len(operator))
@@ -409,8 +431,9 @@ def tokenize(text: str, source: str) -> list[Token]:
     """The script's tokens; a :class:`ConfigError` naming the line where a quote, a
     substitution or a here-document is never closed."""
     if len(text) > MAX_SCRIPT_CHARS:
-        raise ConfigError(f"{source}: {len(text):,} characters, more than a launch script's "
-                          f"{MAX_SCRIPT_CHARS:,}")  # fmt: skip
+        raise ConfigError(
+            f"{source}: {len(text):,} characters, more than a launch script's {MAX_SCRIPT_CHARS:,}"
+        )
     try:
         return _Lexer(text, source).run()
     except RecursionError:

@@ -13,13 +13,15 @@ import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from itertools import count
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, clipped, quoted
+from ray_layout.model.fields import MAX_DIMENSION, MAX_PARALLEL_SIZE
+from ray_layout.model.files import read_mapping
 from ray_layout.model.sizing import (
     DECODER,
     DENSE_DECODER,
@@ -34,7 +36,7 @@ from ray_layout.model.sizing import (
     decoder_unit,
     unit_sizes,
 )
-from ray_layout.model.spec import ModelSpec, ParallelConfig, read_mapping
+from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 FORMAT = "ray_layout.costs/1"
 SOURCES = ("fit", "flops", "manual")
@@ -101,62 +103,148 @@ class UnitCosts:
                 object.__setattr__(self, f.name, MappingProxyType(dict(value)))
 
 
-_COUNTS = frozenset({"micro_batch_size", "seq_length", "tp", "ep", "cp", "vocab_size",
-                     "gpus_per_node"})  # fmt: skip
+_COUNTS = {  # the largest each run-shape count may be
+    "micro_batch_size": MAX_PARALLEL_SIZE,
+    "seq_length": MAX_DIMENSION,
+    "tp": MAX_PARALLEL_SIZE,
+    "ep": MAX_PARALLEL_SIZE,
+    "cp": MAX_PARALLEL_SIZE,
+    "vocab_size": MAX_DIMENSION,
+    "gpus_per_node": MAX_PARALLEL_SIZE,
+}
 _TEXTS = frozenset({"source", "model", "format"})
 _UNIT_MAPS = frozenset({"forward_ms", "backward_ms", "jitter_cv", "memory_calibration"})
-_POSITIVE = frozenset({"memory_calibration", "mtp_standalone_factor"})  # multipliers
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The physical range of a number: outside it a value is a typo or a broken fit, and a plan
+    made with it would be nonsense with a flag to paste beside it.  ``zero``: 0 (none) is
+    allowed below ``low``."""
+
+    low: float
+    high: float
+    unit: str = ""
+    zero: bool = False
+    why: str = ""
+
+    def check(self, value: Any, name: str, source: str) -> float:
+        """``value`` as a float in the range, or a ConfigError saying which bound it passed."""
+        finite = isinstance(value, int | float) and not isinstance(value, bool)
+        if not finite or not math.isfinite(value):
+            raise ConfigError(f"{source}: {name} must be a finite number, got {quoted(value)}")
+        if value == 0 and self.zero:
+            return 0.0
+        if value < self.low:
+            lowest = f"0 or at least {self.low:g}" if self.zero else f"at least {self.low:g}"
+            raise ConfigError(
+                f"{source}: {name} must be {lowest}{self.unit}{self.why}, got {quoted(value)}"
+            )
+        if value > self.high:
+            raise ConfigError(
+                f"{source}: {name} must be at most {self.high:g}{self.unit}, got {quoted(value)}"
+            )
+        return float(value)
+
+
+# A nanosecond is shorter than any GPU operation; 10^7 ms (about 3 hours) longer than any step.
+TIME = Bound(1e-6, 1e7, " ms", zero=True, why=" (1 ns)")
+BOUNDS = {
+    **dict.fromkeys(
+        (
+            "forward_ms",
+            "backward_ms",
+            "p2p_intra_node_ms",
+            "p2p_inter_node_ms",
+            "grad_sync_ms_per_gparam",
+            "optimizer_ms_per_gparam",
+            "tail_fixed_ms",
+        ),
+        TIME,
+    ),
+    "jitter_cv": Bound(0.0, 1.0),  # a spread as large as the time itself
+    "memory_calibration": Bound(0.05, 20.0),  # the range the fit clips its factors to
+    "memory_overhead_gib": Bound(0.0, 1024.0, " GiB"),
+    "mtp_standalone_factor": Bound(0.5, 4.0),  # the seed study measured 1.12
+}
+
+
+def within_bounds(costs: UnitCosts) -> tuple[UnitCosts, tuple[str, ...]]:
+    """A fit's costs moved into the ranges :func:`load_costs` accepts, so what ``fit -o``
+    writes always loads: a time under a nanosecond is none, a spread past the time is clipped
+    (said in a warning)."""
+
+    def time(value: float) -> float:
+        return 0.0 if 0 < value < TIME.low else value
+
+    times = [name for name, bound in BOUNDS.items() if bound is TIME and name not in _UNIT_MAPS]
+    high = BOUNDS["jitter_cv"].high
+    clipped_units = sorted(unit for unit, cv in costs.jitter_cv.items() if cv > high)
+    moved = replace(
+        costs,
+        **{name: time(getattr(costs, name)) for name in times},
+        forward_ms={unit: time(ms) for unit, ms in costs.forward_ms.items()},
+        backward_ms={unit: time(ms) for unit, ms in costs.backward_ms.items()},
+        jitter_cv={unit: min(cv, high) for unit, cv in costs.jitter_cv.items()},
+    )
+    warnings = (
+        (
+            f"jitter of {', '.join(clipped_units)} clipped to {high:g} (a spread past the time "
+            "itself: too few or too noisy intervals)",
+        )
+        if clipped_units
+        else ()
+    )
+    return moved, warnings
+
+
 _REQUIRED = tuple(
     f.name for f in fields(UnitCosts) if f.default is MISSING and f.default_factory is MISSING
 )
 
 
-def _number(value: Any, name: str, positive: bool, source: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigError(f"{source}: {name} must be a finite number, got {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise ConfigError(f"{source}: {name} must be {'> 0' if positive else '>= 0'}, got {value}")
-    return value
-
-
 def _field(key: str, value: Any, source: str) -> Any:
-    """One top-level value, checked for its kind."""
+    """One top-level value, checked for its kind and its physical range."""
     if key in _COUNTS:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{source}: {key} must be a positive integer, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a positive integer, got {quoted(value)}")
+        if value > _COUNTS[key]:
+            raise ConfigError(f"{source}: {key} must be <= {_COUNTS[key]:,}, got {quoted(value)}")
         return value
     if key in _TEXTS:
         if not isinstance(value, str) or not value:
-            raise ConfigError(f"{source}: {key} must be a non-empty string, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a non-empty string, got {quoted(value)}")
         return value
     if key in _UNIT_MAPS:
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {key} must be an object of unit name to number")
-        unknown = sorted(set(value) - set(UNITS))
+            raise ConfigError(
+                f"{source}: {key} must be an object of unit name to number, got {quoted(value)}"
+            )
+        unknown = sorted(map(str, set(value) - set(UNITS)))
         if unknown:
             raise ConfigError(
-                f"{source}: {key} has unknown unit(s) {', '.join(unknown)}; "
+                f"{source}: {key} has unknown unit(s) {clipped(', '.join(unknown))}; "
                 f"units are {', '.join(UNITS)}"
             )
-        return {u: _number(v, f"{key}.{u}", key in _POSITIVE, source) for u, v in value.items()}
-    return _number(value, key, key in _POSITIVE, source)
+        return {u: BOUNDS[key].check(v, f"{key}.{u}", source) for u, v in value.items()}
+    return BOUNDS[key].check(value, key, source)
 
 
 def costs_from_dict(raw: Mapping[str, Any], *, source: str) -> UnitCosts:
     """Check a parsed COSTS.json mapping key by key and build the costs it describes."""
     if raw.get("format") != FORMAT:  # first: another version may have other keys
-        found = repr(raw["format"]) if "format" in raw else "none"
-        raise ConfigError(f"{source}: format must be {FORMAT!r}, got {found}")
-    unknown = sorted(set(raw) - {f.name for f in fields(UnitCosts)})
+        found = quoted(raw["format"]) if "format" in raw else "none"
+        raise ConfigError(f"{source}: format must be {quoted(FORMAT)}, got {found}")
+    unknown = sorted(map(str, set(raw) - {f.name for f in fields(UnitCosts)}))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}")
+        raise ConfigError(f"{source}: unknown key(s) {clipped(', '.join(unknown))}")
     for key in _REQUIRED:
         if key not in raw:
             raise ConfigError(f"{source}: missing required key {key}")
     values = {key: _field(key, value, source) for key, value in raw.items()}
     if values["source"] not in SOURCES:
         raise ConfigError(
-            f"{source}: source must be one of {', '.join(SOURCES)}, got {values['source']!r}"
+            f"{source}: source must be one of {', '.join(SOURCES)}, got {quoted(values['source'])}"
         )
     forward, backward = values["forward_ms"], values["backward_ms"]
     decoder = {DECODER} if DECODER in forward else {DENSE_DECODER, MOE_DECODER}
@@ -199,16 +287,21 @@ def _umask() -> int:
 def save_costs(costs: UnitCosts, path: str | Path) -> None:
     """Write ``costs`` as JSON; a reader sees the old file or the new one, never half of one."""
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(costs_to_dict(costs), out, indent=2)
-            out.write("\n")
-        os.chmod(temporary, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+        handle, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+        )
+        try:
+            with os.fdopen(handle, "w") as out:
+                json.dump(costs_to_dict(costs), out, indent=2)
+                out.write("\n")
+            os.chmod(temporary, 0o666 & ~_umask())  # as open() would make it, not mkstemp's 0600
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as exc:  # a full disk, a folder the pre-check could not see through
+        raise ConfigError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def provenance(model: ModelSpec, parallel: ParallelConfig) -> dict[str, Any]:
@@ -341,9 +434,9 @@ def step_tail_ms(costs: UnitCosts, stage: StageSize) -> float:
 
     Scaled by the parameters one GPU of the rank holds, in billions: dense weights split by TP,
     replicated ones whole, expert weights split by EP x ETP, summed over the rank's chunks, before
-    any DP split of the distributed optimizer (``stage.memory.weights`` / 2 bytes); plus the
+    any DP split of the distributed optimizer (``stage.gpu_gigaparams``); plus the
     fixed per-step overhead every rank pays.
     """
-    gparams = stage.memory.weights / WEIGHT_BYTES / 1e9
+    gparams = stage.gpu_gigaparams
     per_gparam = costs.grad_sync_ms_per_gparam + costs.optimizer_ms_per_gparam
     return per_gparam * gparams + costs.tail_fixed_ms

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, quoted
 
 if TYPE_CHECKING:
     from ray_layout.model.spec import ModelSpec
@@ -95,11 +95,14 @@ MODEL_FIELDS: tuple[ModelField, ...] = (
            argument=lambda m: m.num_query_groups if _gqa(m) else None),
     _field("kv_channels", int, minimum=1, hf_key="head_dim"),
     _field("swiglu", bool, True, megatron_default=True),
+    _field("quick_geglu", bool, False),
     _field("normalization", str, "RMSNorm", megatron_default=True),
     _field("add_bias_linear", bool, False, flag="--disable-bias-linear", negated=True,
            megatron_default=True),
     _field("add_qkv_bias", bool, False),
     _field("qk_layernorm", bool, False),
+    _field("softmax_type", str, "vanilla",
+           argument=lambda m: None if m.softmax_type == "vanilla" else m.softmax_type),
     _field("position_embedding_type", str, "rope", megatron_default=True),
     _field("seq_length", int, REQUIRED, minimum=1),
     # Required by Megatron whatever the position embedding; >= seq_length.
@@ -128,28 +131,28 @@ MEGATRON_DEFAULTS = frozenset(f.name for f in MODEL_FIELDS if f.megatron_default
 HF_FIELDS = tuple(f for f in MODEL_FIELDS if f.hf_key)
 
 
-def _shown(value: int) -> str:
-    """An integer as a message shows it: one too long to print (or read) by its size."""
-    return str(value) if value.bit_length() <= 64 else f"a {value.bit_length()}-bit number"
-
-
 def checked(
-    key: str, value: Any, kind: type, *, source: str, minimum: int | None = None,
+    key: str,
+    value: Any,
+    kind: type,
+    *,
+    source: str,
+    minimum: int | None = None,
     maximum: int = MAX_DIMENSION,
-) -> Any:  # fmt: skip
+) -> Any:
     """``value`` of ``key`` as ``kind`` (an integral float as an int), or a one-line ConfigError."""
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         if not (isinstance(value, float) and value.is_integer()):
-            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be an integer, got {quoted(value)}")
         value = int(value)
     if kind is int and abs(value) > maximum:
-        raise ConfigError(f"{source}: {key} must be <= {maximum:,}, got {_shown(value)}")
+        raise ConfigError(f"{source}: {key} must be <= {maximum:,}, got {quoted(value)}")
     if kind is int and minimum is not None and value < minimum:
         raise ConfigError(f"{source}: {key} must be >= {minimum}, got {value}")
     if kind is bool and not isinstance(value, bool):
-        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+        raise ConfigError(f"{source}: {key} must be true or false, got {quoted(value)}")
     if kind is str and not isinstance(value, str):
-        raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+        raise ConfigError(f"{source}: {key} must be a string, got {quoted(value)}")
     return value
 
 
@@ -163,8 +166,14 @@ def take(raw: Mapping[str, Any], key: str, *, source: str, default: Any = REQUIR
             raise ConfigError(f"{source}: missing required field {key}")
         return fallback
     minimum = entry.minimum
-    value = checked(key, raw[key], entry.kind, source=source, maximum=entry.maximum,
-                    minimum=None if entry.required else minimum)  # fmt: skip
+    value = checked(
+        key,
+        raw[key],
+        entry.kind,
+        source=source,
+        maximum=entry.maximum,
+        minimum=None if entry.required else minimum,
+    )
     if entry.required and value <= 0:
         raise ConfigError(f"{source}: {key} must be positive, got {value}")
     return value

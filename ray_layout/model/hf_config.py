@@ -6,7 +6,9 @@ other loader.  What the modeling code hard-wires instead of configuring is fille
 RMSNorm, gated MLPs (SwiGLU for ``hidden_act: silu``), rotary positions, Qwen2's q/k/v bias, and
 QK norm for Qwen3, OLMoE and DeepSeek's MLA (its q/kv latent norms are Megatron's qk_layernorm).
 Where a key is missing it takes the default of the family's HF config class (Qwen3's ``head_dim``
-128, GLM-4.5's one shared expert and one dense layer).
+128, GLM-4.5's one shared expert and one dense layer).  gpt-oss, Llama 4 (a ``llama4`` file is
+read through its ``text_config``) and MiniMax-M2 live in :mod:`ray_layout.model.hf_families`,
+with their own flags and the one-line notes of what the tool leaves out.
 
 What the model needs to be trained as released beyond its shape (router, rotary, norm epsilon)
 becomes the recipe's own Megatron flags (:mod:`ray_layout.model.hf_flags`), ahead of the file's
@@ -14,23 +16,27 @@ becomes the recipe's own Megatron flags (:mod:`ray_layout.model.hf_flags`), ahea
 
 The vocabulary is padded as Megatron pads it (``make_vocab_size_divisible_by`` 128, Megatron's
 default): a checkpoint converted to Megatron carries that padding, so memory and FLOPs follow it.
-The HF ``vocab_size`` of these models is already a multiple of 128; with TP > 1 Megatron pads
-further to a multiple of 128 x TP, which a divisor of 1 would hide.
+The HF ``vocab_size`` of most of these models is already a multiple of 128 (Llama 4's 202,048 is
+padded to 202,112); with TP > 1 Megatron pads further to a multiple of 128 x TP, which a divisor
+of 1 would hide.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, quoted
 from ray_layout.model import hf_flags
-from ray_layout.model.fields import HF_FIELDS
-from ray_layout.model.hf_flags import Defaults, training_flags, with_user_flags
-from ray_layout.model.spec import Recipe, build_recipe, megatron_args_of, read_mapping
+from ray_layout.model.fields import HF_FIELDS, MAX_LAYERS
+from ray_layout.model.files import read_mapping
+from ray_layout.model.hf_families import FAMILIES
+from ray_layout.model.hf_flags import training_flags, with_user_flags
+from ray_layout.model.hf_keys import Family, boolean, experts, integer, layer_indices, optional_int
+from ray_layout.model.spec import Recipe, build_recipe, megatron_args_of
 
 DEFAULT_SEQ_LENGTH = 4096
 _QK_LAYERNORM = frozenset({"olmoe", "qwen3", "qwen3_moe"})  # and MLA's latent norms (_deepseek)
@@ -57,21 +63,26 @@ def load_hf_config(
     ``max_position_embeddings``.
     """
     raw, name, source = _read(config, source)
+    if raw.get("model_type") == "llama4":
+        raw, source = _text_model(raw, source)
     model_type = raw.get("model_type")
     family = _FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         supported = ", ".join(sorted(_FAMILIES))
-        raise ConfigError(f"{source}: model_type {model_type!r} is not supported ({supported})")
+        raise ConfigError(
+            f"{source}: model_type {quoted(model_type)} is not supported ({supported})"
+        )
     hidden_act = raw.get("hidden_act", "silu")
     if hidden_act not in ("silu", "swish"):
         raise ConfigError(
-            f"{source}: hidden_act {hidden_act!r} is not supported; Megatron's gated MLP is SwiGLU "
-            "(silu)"
+            f"{source}: hidden_act {quoted(hidden_act)} is not supported; Megatron's gated MLP is "
+            "SwiGLU (silu)"
         )
-    tied = _bool(raw, "tie_word_embeddings", source)
+    tied = boolean(raw, "tie_word_embeddings", source)
     if seq_length is None:
-        seq_length = min(DEFAULT_SEQ_LENGTH, _int(raw, "max_position_embeddings", source))
-    shared = {f.name: _optional_int(raw, f.hf_key, source) for f in HF_FIELDS}  # every family's
+        seq_length = min(DEFAULT_SEQ_LENGTH, integer(raw, "max_position_embeddings", source))
+    # Every count is checked against its bound here, before a family builds anything per layer.
+    shared = {f.name: optional_int(raw, f.hf_key, source, maximum=f.maximum) for f in HF_FIELDS}
     missing = [f.hf_key for f in HF_FIELDS if shared[f.name] is None and f.name not in _HF_OPTIONAL]
     if missing:
         raise ConfigError(f"{source}: missing key {missing[0]}")
@@ -90,12 +101,34 @@ def load_hf_config(
         "qk_layernorm": model_type in _QK_LAYERNORM,
         "untie_embeddings_and_output_weights": not tied,
     }
-    shape, defaults = family
-    model |= shape(raw, model["num_layers"], source)
+    model |= family.shape(raw, model["num_layers"], source)
     recipe = build_recipe(model, source=source)
-    derived = training_flags(raw, recipe.model, defaults, source)
+    derived = (
+        *training_flags(family.router_keys(raw), recipe.model, family.defaults, source),
+        *family.flags(raw, recipe.model, source),
+    )
     user = megatron_args_of(raw.get("megatron_args"), source)
-    return replace(recipe, megatron_args=with_user_flags(derived, user))
+    return replace(
+        recipe,
+        megatron_args=with_user_flags(derived, user),
+        notes=family.notes(raw, recipe.model),
+    )
+
+
+def _text_model(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], str]:
+    """A ``llama4`` config's ``text_config`` as a ``llama4_text`` one: the language model Megatron
+    trains; the top level's name and ``megatron_args`` stay, and whether a vision encoder was
+    left out."""
+    text = raw.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ConfigError(f"{source}: text_config must be a mapping, got {quoted(text)}")
+    kept = {k: raw[k] for k in ("_name_or_path", "megatron_args") if k in raw}
+    return {
+        **text,
+        **kept,
+        "model_type": "llama4_text",
+        "vision_config": raw.get("vision_config"),
+    }, f"{source} text_config"
 
 
 def _read(
@@ -121,50 +154,6 @@ def _name(raw: dict[str, Any], fallback: str) -> str:
     return fallback
 
 
-def _optional_int(raw: dict[str, Any], key: str, source: str, minimum: int = 1) -> int | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if type(value) is not int:
-        raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{source}: {key} must be >= {minimum}, got {value}")
-    return value
-
-
-def _bool(raw: dict[str, Any], key: str, source: str, default: bool = False) -> bool:
-    value = raw.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
-    return value
-
-
-def _int(
-    raw: dict[str, Any], key: str, source: str, default: int | None = None, minimum: int = 1
-) -> int:
-    """``raw[key]`` checked; a missing key takes ``default`` or, without one, is an error."""
-    value = _optional_int(raw, key, source, minimum)
-    if value is None and default is None:
-        raise ConfigError(f"{source}: missing key {key}")
-    return default if value is None else value
-
-
-def _experts(raw: dict[str, Any], experts_key: str, ffn_key: str, source: str) -> dict[str, int]:
-    experts = _int(raw, experts_key, source)
-    topk = _int(raw, "num_experts_per_tok", source)
-    if topk > experts:
-        raise ConfigError(
-            f"{source}: num_experts_per_tok {topk} is more than {experts_key} {experts}"
-        )
-    return {
-        "num_experts": experts,
-        "moe_router_topk": topk,
-        "moe_ffn_hidden_size": _int(raw, ffn_key, source),
-    }
-
-
 def _deepseek(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
     """DeepSeek-V2/V3: MLA, MTP, and routed plus shared experts after the first dense layers.
 
@@ -174,19 +163,19 @@ def _deepseek(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
     fields: dict[str, Any] = {
         "multi_latent_attention": True,
         "qk_layernorm": True,  # the q_a and kv_a latent norms
-        "q_lora_rank": _optional_int(raw, "q_lora_rank", source),
-        "kv_lora_rank": _int(raw, "kv_lora_rank", source),
-        "qk_head_dim": _int(raw, "qk_nope_head_dim", source),
-        "qk_pos_emb_head_dim": _int(raw, "qk_rope_head_dim", source),
-        "v_head_dim": _int(raw, "v_head_dim", source),
-        "mtp_num_layers": _int(raw, "num_nextn_predict_layers", source, default=0, minimum=0),
+        "q_lora_rank": optional_int(raw, "q_lora_rank", source),
+        "kv_lora_rank": integer(raw, "kv_lora_rank", source),
+        "qk_head_dim": integer(raw, "qk_nope_head_dim", source),
+        "qk_pos_emb_head_dim": integer(raw, "qk_rope_head_dim", source),
+        "v_head_dim": integer(raw, "v_head_dim", source),
+        "mtp_num_layers": _mtp_layers(raw, source),
     }
     if raw.get("n_routed_experts") is None:  # a dense DeepSeek
         return fields
-    fields |= _experts(raw, "n_routed_experts", "moe_intermediate_size", source)
-    shared = _int(raw, "n_shared_experts", source, default=0, minimum=0)
-    first_dense = _int(raw, "first_k_dense_replace", source, default=0, minimum=0)
-    every = _int(raw, "moe_layer_freq", source, default=1)
+    fields |= experts(raw, "n_routed_experts", "moe_intermediate_size", source)
+    shared = integer(raw, "n_shared_experts", source, default=0, minimum=0)
+    first_dense = integer(raw, "first_k_dense_replace", source, default=0, minimum=0)
+    every = integer(raw, "moe_layer_freq", source, default=1)
     fields["moe_shared_expert_intermediate_size"] = shared * fields["moe_ffn_hidden_size"]
     fields["moe_layer_freq"] = [int(i >= first_dense and i % every == 0) for i in range(num_layers)]
     return fields
@@ -197,27 +186,31 @@ def _glm4_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
     (``use_qk_norm``), routed plus shared experts after the first ``first_k_dense_replace`` dense
     layers, and ``num_nextn_predict_layers`` MTP layers (none where the key is missing, as for
     DeepSeek); Glm4MoeConfig's one shared expert and one dense layer where those are missing."""
-    fields: dict[str, Any] = _experts(raw, "n_routed_experts", "moe_intermediate_size", source)
-    shared = _int(raw, "n_shared_experts", source, default=1, minimum=0)
-    first_dense = _int(raw, "first_k_dense_replace", source, default=1, minimum=0)
+    fields: dict[str, Any] = experts(raw, "n_routed_experts", "moe_intermediate_size", source)
+    shared = integer(raw, "n_shared_experts", source, default=1, minimum=0)
+    first_dense = integer(raw, "first_k_dense_replace", source, default=1, minimum=0)
     return fields | {
         "moe_shared_expert_intermediate_size": shared * fields["moe_ffn_hidden_size"],
         "moe_layer_freq": [int(i >= first_dense) for i in range(num_layers)],
-        "mtp_num_layers": _int(raw, "num_nextn_predict_layers", source, default=0, minimum=0),
-        "add_qkv_bias": _bool(raw, "attention_bias", source),
-        "qk_layernorm": _bool(raw, "use_qk_norm", source),
+        "mtp_num_layers": _mtp_layers(raw, source),
+        "add_qkv_bias": boolean(raw, "attention_bias", source),
+        "qk_layernorm": boolean(raw, "use_qk_norm", source),
     }
+
+
+def _mtp_layers(raw: dict[str, Any], source: str) -> int:
+    return integer(
+        raw, "num_nextn_predict_layers", source, default=0, minimum=0, maximum=MAX_LAYERS
+    )
 
 
 def _qwen_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
     """Qwen2-MoE / Qwen3-MoE: layer i is MoE when ``(i + 1) % decoder_sparse_step == 0`` and i is
     not in ``mlp_only_layers``; Qwen2-MoE adds a shared expert of its own width."""
-    fields: dict[str, Any] = _experts(raw, "num_experts", "moe_intermediate_size", source)
-    step = _int(raw, "decoder_sparse_step", source, default=1)
-    dense = raw.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(type(i) is int for i in dense):
-        raise ConfigError(f"{source}: mlp_only_layers must be a list of layer indices")
-    fields["moe_shared_expert_intermediate_size"] = _int(
+    fields: dict[str, Any] = experts(raw, "num_experts", "moe_intermediate_size", source)
+    step = integer(raw, "decoder_sparse_step", source, default=1)
+    dense = layer_indices(raw, "mlp_only_layers", num_layers, source) or frozenset()
+    fields["moe_shared_expert_intermediate_size"] = integer(
         raw, "shared_expert_intermediate_size", source, default=0, minimum=0
     )
     fields["moe_layer_freq"] = [
@@ -230,27 +223,30 @@ def _every_layer_moe(
     raw: dict[str, Any], num_layers: int, source: str, *, experts_key: str
 ) -> dict[str, Any]:
     """Mixtral / OLMoE: every layer is MoE and ``intermediate_size`` is the expert FFN."""
-    return _experts(raw, experts_key, "intermediate_size", source)
+    return experts(raw, experts_key, "intermediate_size", source)
 
 
 def _dense(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, Any]:
     return {}
 
 
-_Shape = Callable[[dict[str, Any], int, str], dict[str, Any]]
-
-_FAMILIES: dict[str, tuple[_Shape, Defaults]] = {
-    "deepseek_v2": (_deepseek, hf_flags.UNNORMALIZED_SOFTMAX),
-    "deepseek_v3": (_deepseek, hf_flags.DEEPSEEK_V3),
-    "kimi_k2": (_deepseek, hf_flags.DEEPSEEK_V3),  # Kimi-K2: the DeepSeek-V3 architecture
-    "glm4_moe": (_glm4_moe, hf_flags.GLM4_MOE),
-    "qwen2_moe": (_qwen_moe, hf_flags.UNNORMALIZED_SOFTMAX),
-    "qwen3_moe": (_qwen_moe, hf_flags.UNNORMALIZED_SOFTMAX),
-    "mixtral": (partial(_every_layer_moe, experts_key="num_local_experts"), hf_flags.MIXTRAL),
-    "olmoe": (partial(_every_layer_moe, experts_key="num_experts"), hf_flags.UNNORMALIZED_SOFTMAX),
-    "llama": (_dense, Defaults()),
-    "mistral": (_dense, Defaults()),
-    "qwen2": (_dense, Defaults()),
-    "qwen3": (_dense, Defaults()),
+_FAMILIES: dict[str, Family] = {
+    "deepseek_v2": Family(_deepseek, hf_flags.UNNORMALIZED_SOFTMAX),
+    "deepseek_v3": Family(_deepseek, hf_flags.DEEPSEEK_V3),
+    "kimi_k2": Family(_deepseek, hf_flags.DEEPSEEK_V3),  # Kimi-K2: the DeepSeek-V3 architecture
+    "glm4_moe": Family(_glm4_moe, hf_flags.GLM4_MOE),
+    "qwen2_moe": Family(_qwen_moe, hf_flags.UNNORMALIZED_SOFTMAX),
+    "qwen3_moe": Family(_qwen_moe, hf_flags.UNNORMALIZED_SOFTMAX),
+    "mixtral": Family(partial(_every_layer_moe, experts_key="num_local_experts"), hf_flags.MIXTRAL),
+    "olmoe": Family(
+        partial(_every_layer_moe, experts_key="num_experts"), hf_flags.UNNORMALIZED_SOFTMAX
+    ),
+    "llama": Family(_dense),
+    "mistral": Family(_dense),
+    "qwen2": Family(_dense),
+    "qwen3": Family(_dense),
+    **FAMILIES,
+    "llama4": FAMILIES["llama4_text"],  # read through its text_config
 }
-"""Each model type: how its config.json reads as Megatron's model fields, and its HF defaults."""
+"""Each model type: how its config.json reads as Megatron's model fields, its HF defaults, the
+flags beyond router and rotary, and what the tool says it leaves out."""

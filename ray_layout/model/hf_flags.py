@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, quoted
 from ray_layout.model.megatron_args import megatron_flag_table
 from ray_layout.model.spec import ModelSpec
 
@@ -62,6 +62,19 @@ GLM4_MOE = Defaults(
     fixed=frozenset({"scoring_func", "topk_method"}),
 )
 UNNORMALIZED_SOFTMAX = Defaults(norm_topk_prob=False)  # DeepSeek-V2, Qwen2/3-MoE, OLMoE
+_HARD_WIRED_ROUTER = frozenset({"scoring_func", "topk_method", "norm_topk_prob"})
+# gpt-oss: the softmax of the top-k logits, as Megatron's default router takes it.
+GPT_OSS = Defaults(rope_theta=150_000.0, rms_norm_eps=1e-5, fixed=_HARD_WIRED_ROUTER)
+# Llama 4: the sigmoid of the top-1 logit, unnormalized (Megatron leaves one weight as it is).
+LLAMA4 = Defaults(
+    rope_theta=500_000.0,
+    rms_norm_eps=1e-5,
+    scoring_func="sigmoid",
+    norm_topk_prob=False,
+    fixed=_HARD_WIRED_ROUTER,
+)
+# MiniMax-M2: sigmoid scores with a score-correction bias (use_routing_bias), like DeepSeek-V3.
+MINIMAX_M2 = Defaults(rope_theta=5_000_000.0, scoring_func="sigmoid", topk_method="noaux_tc")
 MIXTRAL = Defaults(rope_theta=1e6, rms_norm_eps=1e-5, fixed=frozenset({"norm_topk_prob"}))
 
 _SCORING = ("softmax", "sigmoid")
@@ -72,11 +85,11 @@ def training_flags(
     raw: Mapping[str, Any], model: ModelSpec, defaults: Defaults, source: str
 ) -> tuple[str, ...]:
     """The flags ``raw`` implies beyond the model's shape, for the ``model`` it was read as."""
-    epsilon = _number("rms_norm_eps", raw.get("rms_norm_eps"), defaults.rms_norm_eps, source)
+    epsilon = number("rms_norm_eps", raw.get("rms_norm_eps"), defaults.rms_norm_eps, source)
     flags = [
         *_router(raw, model, defaults, source),
         *_rotary(raw, model, defaults, source),
-        ("--norm-epsilon", _text(epsilon)),
+        ("--norm-epsilon", flag_text(epsilon)),
     ]
     return tuple(word for flag in flags for word in flag)
 
@@ -116,19 +129,23 @@ def _router(raw: Mapping[str, Any], model: ModelSpec, d: Defaults, source: str) 
 
     scoring, method = value("scoring_func"), value("topk_method")
     if scoring not in _SCORING:
-        raise ConfigError(f"{source}: scoring_func must be softmax or sigmoid, got {scoring!r}")
+        raise ConfigError(
+            f"{source}: scoring_func must be softmax or sigmoid, got {quoted(scoring)}"
+        )
     if method not in _TOPK_METHODS:
         raise ConfigError(
-            f"{source}: topk_method must be one of {', '.join(_TOPK_METHODS)}, got {method!r}"
+            f"{source}: topk_method must be one of {', '.join(_TOPK_METHODS)}, got {quoted(method)}"
         )
     if method == "noaux_tc" and scoring != "sigmoid":
         raise ConfigError(
-            f"{source}: topk_method noaux_tc needs scoring_func sigmoid, got {scoring!r} "
+            f"{source}: topk_method noaux_tc needs scoring_func sigmoid, got {quoted(scoring)} "
             "(Megatron's expert bias routes by sigmoid scores)"
         )
     normalized = value("norm_topk_prob")
     if not isinstance(normalized, bool):
-        raise ConfigError(f"{source}: norm_topk_prob must be true or false, got {normalized!r}")
+        raise ConfigError(
+            f"{source}: norm_topk_prob must be true or false, got {quoted(normalized)}"
+        )
     flags: list[Flag] = [("--moe-router-score-function", scoring)]
     if method == "noaux_tc":
         flags.append(("--moe-router-enable-expert-bias",))
@@ -152,11 +169,11 @@ def _router(raw: Mapping[str, Any], model: ModelSpec, d: Defaults, source: str) 
         ]
     if scoring == "softmax" and (not normalized or model.moe_router_topk == 1):
         flags.append(("--moe-router-pre-softmax",))
-    scaling = _number(
+    scaling = number(
         "routed_scaling_factor", raw.get("routed_scaling_factor"), d.routed_scaling_factor, source
     )
     if scaling != 1.0:
-        flags.append(("--moe-router-topk-scaling-factor", _text(scaling)))
+        flags.append(("--moe-router-topk-scaling-factor", flag_text(scaling)))
     if model.num_experts > 1:
         flags.append(("--moe-grouped-gemm",))
     return flags
@@ -168,7 +185,7 @@ def _rotary(raw: Mapping[str, Any], model: ModelSpec, d: Defaults, source: str) 
     if model.position_embedding_type != "rope":
         return []
     params, where = _rope_parameters(raw, source)
-    theta = _number(
+    theta = number(
         "rope_theta", raw.get("rope_theta", params.get("rope_theta")), d.rope_theta, source
     )
     if not theta.is_integer():
@@ -183,15 +200,15 @@ def _rotary(raw: Mapping[str, Any], model: ModelSpec, d: Defaults, source: str) 
             return [*flags, ("--rope-type", "rope"), ("--no-rope-fusion",)]  # fusion needs YaRN
         return [*flags, *_yarn(params, where, source)]
     share = raw.get("partial_rotary_factor", params.get("partial_rotary_factor"))
-    share = _number("partial_rotary_factor", share, d.partial_rotary_factor, source)
+    share = number("partial_rotary_factor", share, d.partial_rotary_factor, source)
     if share > 1:
         raise ConfigError(f"{source}: partial_rotary_factor must be at most 1, got {share:g}")
     if share != 1.0:
-        flags.append(("--rotary-percent", _text(share)))
+        flags.append(("--rotary-percent", flag_text(share)))
     if kind == "llama3":  # Megatron fixes the low/high frequency factors 1 and 4 and 8192 tokens
         flags += [
             ("--use-rope-scaling",),
-            ("--rope-scaling-factor", _text(_factor(params, where, source))),
+            ("--rope-scaling-factor", flag_text(_factor(params, where, source))),
         ]
     return flags
 
@@ -205,7 +222,7 @@ def _rope_parameters(raw: Mapping[str, Any], source: str) -> tuple[dict[str, Any
         if value is None:
             continue
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{source}: {key} must be a mapping, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a mapping, got {quoted(value)}")
         merged |= value
         where = key
     return merged, where
@@ -213,43 +230,43 @@ def _rope_parameters(raw: Mapping[str, Any], source: str) -> tuple[dict[str, Any
 
 def _yarn(params: Mapping[str, Any], where: str, source: str) -> list[Flag]:
     """MLA's YaRN: the factor and the attention-scale exponents (DeepSeek's defaults: 1 and 0)."""
-    mscale = _number(f"{where} mscale", params.get("mscale"), 1.0, source)
+    mscale = number(f"{where} mscale", params.get("mscale"), 1.0, source)
     all_dim = params.get("mscale_all_dim")
-    all_dim = _number(f"{where} mscale_all_dim", all_dim, 0.0, source, zero=True)
+    all_dim = number(f"{where} mscale_all_dim", all_dim, 0.0, source, zero=True)
     return [
         ("--rope-type", "yarn"),
-        ("--rotary-scaling-factor", _text(_factor(params, where, source))),
-        ("--mscale", _text(mscale)),
-        ("--mscale-all-dim", _text(all_dim)),
+        ("--rotary-scaling-factor", flag_text(_factor(params, where, source))),
+        ("--mscale", flag_text(mscale)),
+        ("--mscale-all-dim", flag_text(all_dim)),
     ]
 
 
 def _factor(params: Mapping[str, Any], where: str, source: str) -> float:
     if params.get("factor") is None:
         raise ConfigError(f"{source}: {where} has no factor")
-    return _number(f"{where} factor", params["factor"], 1.0, source)
+    return number(f"{where} factor", params["factor"], 1.0, source)
 
 
 def _group(value: Any, key: str, source: str) -> int:
     if type(value) is not int or value < 1:
-        raise ConfigError(f"{source}: {key} must be an integer >= 1, got {value!r}")
+        raise ConfigError(f"{source}: {key} must be an integer >= 1, got {quoted(value)}")
     return value
 
 
-def _number(name: str, value: Any, default: float, source: str, *, zero: bool = False) -> float:
+def number(name: str, value: Any, default: float, source: str, *, zero: bool = False) -> float:
     """``value`` as a finite number > 0 (>= 0 with ``zero``); ``default`` for a missing one."""
     if value is None:
         return default
     low = (lambda v: v >= 0) if zero else (lambda v: v > 0)
     if isinstance(value, bool) or not isinstance(value, int | float) or not low(value):
         raise ConfigError(
-            f"{source}: {name} must be a number {'>=' if zero else '>'} 0, got {value!r}"
+            f"{source}: {name} must be a number {'>=' if zero else '>'} 0, got {quoted(value)}"
         )
     if not math.isfinite(value):
-        raise ConfigError(f"{source}: {name} must be finite, got {value!r}")
+        raise ConfigError(f"{source}: {name} must be finite, got {quoted(value)}")
     return float(value)
 
 
-def _text(value: float) -> str:
+def flag_text(value: float) -> str:
     """A float as Megatron's argparse reads it back exactly: 2.5, 1e-06, 32.0."""
     return repr(float(value))

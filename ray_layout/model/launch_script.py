@@ -29,13 +29,34 @@ from ray_layout.model.bash_script import (
     read_script,
     words_of,
 )
+from ray_layout.model.files import read_text
 
 SCRIPT = "pretrain_gpt.py"
 # Programs that run the script (or wrap the program that does).
-_RUNNERS = frozenset({"python", "python3", "torchrun", "srun", "mpirun", "mpiexec", "nsys", "ncu",
-                      "numactl", "taskset", "env", "nohup", "time", "exec", "uv", "deepspeed",
-                      "accelerate", "stdbuf", "chrt", "nice"})  # fmt: skip
-MAX_SCRIPT_BYTES = 4_000_000
+_RUNNERS = frozenset(
+    {
+        "python",
+        "python3",
+        "torchrun",
+        "srun",
+        "mpirun",
+        "mpiexec",
+        "nsys",
+        "ncu",
+        "numactl",
+        "taskset",
+        "env",
+        "nohup",
+        "time",
+        "exec",
+        "uv",
+        "deepspeed",
+        "accelerate",
+        "stdbuf",
+        "chrt",
+        "nice",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -54,21 +75,8 @@ class LaunchReading:
 
 
 def read_script_file(path: Path, source: str) -> str:
-    """A script's text: a regular file of bounded size, decoded as UTF-8."""
-    try:
-        if path.exists() and not path.is_file():
-            raise ConfigError(f"{source}: not a regular file (a launch script is read whole)")
-        size = path.stat().st_size
-        if size > MAX_SCRIPT_BYTES:
-            raise ConfigError(f"{source}: {size:,} bytes, more than a launch script's "
-                              f"{MAX_SCRIPT_BYTES:,}")  # fmt: skip
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text (byte {exc.start})") from None
+    """A script's text, read as every input file is (:func:`ray_layout.model.files.read_text`)."""
+    return read_text(path, source)
 
 
 def read_launch(
@@ -85,8 +93,11 @@ def read_launch(
         first = word.offsets[0] if word.offsets else -1
         return replace(word, line=bisect.bisect_left(newlines, first) + 1) if first >= 0 else word
 
-    return replace(launch, launcher=tuple(map(placed, launch.launcher)),
-                   arguments=tuple(map(placed, launch.arguments)))  # fmt: skip
+    return replace(
+        launch,
+        launcher=tuple(map(placed, launch.launcher)),
+        arguments=tuple(map(placed, launch.arguments)),
+    )
 
 
 def _find(reading: ScriptReading, source: str, notes: list[str]) -> LaunchReading:
@@ -117,13 +128,21 @@ def _reading(
         plain = isinstance(value, Text) and not value.missing
         exported[name] = value.text if plain else None  # type: ignore[union-attr]
     for name, word in prefixes:
-        exported[name] = word.text.partition("=")[2] if not (word.unresolved or word.missing) \
-            else None  # fmt: skip
+        exported[name] = (
+            word.text.partition("=")[2] if not (word.unresolved or word.missing) else None
+        )
     environment = tuple(sorted((k, v) for k, v in exported.items() if v is not None))
     unresolved = tuple(sorted(k for k, v in exported.items() if v is None))
     prefixed = tuple(name for name, _ in prefixes)
-    return LaunchReading(launcher, arguments, environment, unresolved, prefixed,
-                         tuple(dict.fromkeys(notes)), is_model_file)  # fmt: skip
+    return LaunchReading(
+        launcher,
+        arguments,
+        environment,
+        unresolved,
+        prefixed,
+        tuple(dict.fromkeys(notes)),
+        is_model_file,
+    )
 
 
 def _runs_script(command: Command) -> bool:
@@ -193,8 +212,9 @@ def _model_file_arguments(
             f"{source}: no command runs {SCRIPT} and no variable holds --num-layers{hint}"
         )
     held = ", ".join(f"${n}" for n in names)
-    notes.append(f"{source}: read as a model file: its arguments are {held} (no command runs "
-                 f"{SCRIPT})")  # fmt: skip
+    notes.append(
+        f"{source}: read as a model file: its arguments are {held} (no command runs {SCRIPT})"
+    )
     return tuple(arguments)
 
 

@@ -211,6 +211,11 @@ def check_interleaving(pp: int, vpp: int, overlap_p2p_comm: bool = False) -> Non
     if vpp > 1 and pp <= (1 if overlap_p2p_comm else 2):
         raise LayoutError(
             f"Megatron's interleaved schedule (VPP={vpp}) needs PP > 2"
-            + ("" if overlap_p2p_comm else " (PP > 1 with --overlap-p2p-communication)")
+            + (
+                ""
+                if overlap_p2p_comm
+                else " without p2p overlap (PP > 1 with it: Megatron's default, off with "
+                "--no-overlap-p2p-communication)"
+            )
             + f", got PP={pp}"
         )

@@ -3,12 +3,12 @@ a Megatron launch script or model file, or a Megatron command line given as text
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, quoted
+from ray_layout.model.files import read_mapping
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.megatron_args import check_arguments, unknown_flags_note
 from ray_layout.model.megatron_recipe import (
@@ -34,20 +34,23 @@ def load_recipe(source: str, overrides: Overrides | None = None) -> Recipe:
 
 
 def _load(source: str, overrides: Overrides) -> Recipe:
-    if os.path.isfile(source):  # unlike Path.is_file, never raises on a long command line
+    # os.path.exists never raises on a long command line; anything there (a FIFO, a folder, a
+    # device too) is a file the reader refuses or reads.
+    if os.path.exists(source):
         path = Path(source)
         suffix = path.suffix.lower()
         if suffix in (".yaml", ".yml"):
             return _sized(load_recipe_file(path), overrides)
         if suffix == ".json":
-            if not _is_hf_config(path):
+            if not _is_hf_config(read_mapping(path, source)):
                 return _sized(load_recipe_file(path), overrides)
             return _sized(load_hf_config(path), overrides)
         return load_megatron_script(path, overrides)
     if "--num-layers" in source:
         return load_megatron_command_line(source, overrides=overrides)
     raise ConfigError(
-        f"cannot read CONFIG {source!r}: not a file, nor a Megatron command line (no --num-layers)"
+        f"cannot read CONFIG {quoted(source)}: not a file, nor a Megatron command line (no "
+        "--num-layers)"
     )
 
 
@@ -60,10 +63,6 @@ def _sized(recipe: Recipe, overrides: Overrides) -> Recipe:
     return with_parallel(recipe, **sizes) if sizes else recipe
 
 
-def _is_hf_config(path: Path) -> bool:
+def _is_hf_config(raw: dict[str, object]) -> bool:
     """Hugging Face configs carry ``model_type`` or ``architectures``; this project's never do."""
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON, or a 5,000-digit int
-        return False  # load_recipe_file reports it
-    return isinstance(raw, dict) and ("model_type" in raw or "architectures" in raw)
+    return "model_type" in raw or "architectures" in raw

@@ -73,8 +73,14 @@ class FlagUse:
 
 def unknown_entry(flag: str) -> dict[str, Any]:
     """The entry of a flag the table does not know: it takes the words up to the next flag."""
-    return {"flags": [flag], "dest": None, "nargs": "*", "type": None, "choices": None,
-            "default": None}  # fmt: skip
+    return {
+        "flags": [flag],
+        "dest": None,
+        "nargs": "*",
+        "type": None,
+        "choices": None,
+        "default": None,
+    }
 
 
 def walk_flags(

@@ -8,7 +8,8 @@ knows with the same option strings and arity keeps the bundled entry, and the ot
 of the same shape with argparse's dest and text values.  A flag hidden from help
 (``help=argparse.SUPPRESS``) cannot be told from a removed one and counts as unknown; core_v0.16.1
 hides one, ``--disable-chunked-prefill`` (inference only).  Its whole help parses back to the
-bundled table but for that one (tried by hand; ``tests/test_megatron_help.py`` keeps an excerpt).
+bundled table but for that one (tried by hand; ``tests/runtime/test_megatron_help_probe.py``
+keeps an excerpt).
 """
 
 from __future__ import annotations

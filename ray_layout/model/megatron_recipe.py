@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ray_layout.errors import ConfigError, LayoutError
-from ray_layout.model.bash_script import ExpandedWord, not_set
+from ray_layout.model.bash_script import ExpandedWord
 from ray_layout.model.fields import MEGATRON_DEFAULTS, MODEL_FIELDS, MODEL_KEYS
 from ray_layout.model.launch_script import LaunchReading, read_launch, read_script_file
 from ray_layout.model.megatron_args import (
@@ -57,10 +57,14 @@ _MEGATRON_DEFAULTS = MEGATRON_DEFAULTS | {"use_distributed_optimizer"}
 _REQUIRED = tuple(f.name for f in MODEL_FIELDS if f.required and not f.mla)
 _ASKED_AS = {"seq_length": "--seq-length N", "vocab_size": "--vocab-size N"}  # on our commands
 _DIVISORS = (  # sizes this module divides by; build_recipe checks the others
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
-    "expert_model_parallel_size", "expert_tensor_parallel_size",
-    "num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
-)  # fmt: skip
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "num_layers_per_virtual_pipeline_stage",
+    "num_virtual_stages_per_pipeline_rank",
+)
 _USED = MODEL_KEYS | set(_PARALLEL_FIELDS) | set(_SPLIT_FIELDS)
 _LAUNCHER_SIZES = {"--nproc_per_node": "nproc", "--nproc-per-node": "nproc", "--nnodes": "nnodes"}
 
@@ -102,7 +106,7 @@ def _load(text: str, source: str, name: str, overrides: Overrides) -> Recipe:
     (``Recipe.environment``: NCCL and CUDA settings change what a run measures)."""
     launch = read_launch(text, source, overrides.environment)
     words = [w.text for w in launch.arguments]
-    unresolved = [w.unresolved is not None for w in launch.arguments]
+    unresolved = [w.unknown is not None for w in launch.arguments]  # `--x=$UNSET` too
     parsed = parse_flags(words, source, unresolved)
     notes = list(launch.notes)
     parsed, split_note = _with_overrides(parsed, overrides)
@@ -115,11 +119,18 @@ def _load(text: str, source: str, name: str, overrides: Overrides) -> Recipe:
     if unknown:
         notes.append(unknown_flags_note(unknown, source))
     if launch.prefixed:
-        notes.append(f"{source}: the launch line sets {', '.join(launch.prefixed)} for the job: "
-                     "they go into every rank's environment, as its exports do")  # fmt: skip
-    return replace(recipe, megatron_args=flags, environment=launch.environment,
-                   unresolved_environment=launch.unresolved_environment,
-                   unresolved_arguments=left_out, notes=tuple(notes))  # fmt: skip
+        notes.append(
+            f"{source}: the launch line sets {', '.join(launch.prefixed)} for the job: "
+            "they go into every rank's environment, as its exports do"
+        )
+    return replace(
+        recipe,
+        megatron_args=flags,
+        environment=launch.environment,
+        unresolved_environment=launch.unresolved_environment,
+        unresolved_arguments=left_out,
+        notes=tuple(notes),
+    )
 
 
 def _with_overrides(
@@ -167,8 +178,9 @@ def _user_flags(
         flags += [words[use.position]] if use.inline else [use.flag, *use.values]
     for index, word in enumerate(arguments):
         if index not in taken and word.unresolved:
-            left_out.append(UnresolvedArgument("", word.text, f"{source}:{word.line}",
-                                               word.unresolved))  # fmt: skip
+            left_out.append(
+                UnresolvedArgument("", word.text, f"{source}:{word.line}", word.unresolved)
+            )
     return tuple(flags), tuple(dict.fromkeys(unknown)), tuple(left_out)
 
 
@@ -181,9 +193,8 @@ def _world_size(launcher: Sequence[ExpandedWord], source: str) -> int | None:
             continue
         value = word if has_inline else (launcher[i + 1] if i + 1 < len(launcher) else None)
         text = inline if has_inline else (value.text if value else "")
-        if value is not None and (value.unresolved or value.missing):
-            reason = (value.unresolved or not_set(value.missing[0])).removesuffix(")")
-            raise ConfigError(f"{source}:{word.line}: torchrun {flag} uses {reason}, or --dp")
+        if value is not None and value.unknown:
+            raise ConfigError(f"{source}:{word.line}: torchrun {flag} uses {_or_dp(value.unknown)}")
         size = int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else 0
         if size < 1:
             raise ConfigError(
@@ -192,6 +203,13 @@ def _world_size(launcher: Sequence[ExpandedWord], source: str) -> int | None:
             )
         sizes[_LAUNCHER_SIZES[flag]] = size
     return math.prod(sizes.values()) if sizes else None
+
+
+def _or_dp(reason: str) -> str:
+    """Why a torchrun size is unknown, with --dp as the other way to give it."""
+    if reason.endswith("=VALUE)"):
+        return reason.removesuffix(")") + ", or --dp)"
+    return f"{reason}: give --dp"
 
 
 def _recipe(
@@ -237,8 +255,9 @@ def _recipe(
             f"{source}: torchrun world size {world} is not divisible by TP·CP·PP = {model_parallel}"
         )
     parallel["dp"] = world // model_parallel
-    recipe = build_recipe(model, {k: v for k, v in parallel.items() if k in PARALLEL_KEYS},
-                          source=source)  # fmt: skip
+    recipe = build_recipe(
+        model, {k: v for k, v in parallel.items() if k in PARALLEL_KEYS}, source=source
+    )
     m = recipe.model
     try:
         current_layout(m.num_layers, m.mtp_num_layers, pp, recipe.parallel.vpp, split)
@@ -251,17 +270,23 @@ def _flag_lines(arguments: Sequence[ExpandedWord]) -> dict[str, tuple[int, str |
     """dest -> (line, why its value is unknown, or None) of each known flag's last use."""
     return {
         use.entry["dest"]: (arguments[use.position].line, reason)
-        for use, reason in _uses(arguments, "arguments")
+        for use, reason in _uses(arguments, "arguments", missing_too=True)
         if use.known
     }
 
 
-def _uses(arguments: Sequence[ExpandedWord], source: str) -> Iterator[tuple[FlagUse, str | None]]:
+def _uses(
+    arguments: Sequence[ExpandedWord], source: str, *, missing_too: bool = False
+) -> Iterator[tuple[FlagUse, str | None]]:
     """Each flag of the arguments as Megatron's argparse takes it, with why one of its words is
-    not known here (a value the job's environment gives), if so."""
+    not known here (a value the job's environment gives), if so; ``missing_too``: also a word
+    with a variable nothing set in it (``--x=$UNSET``, a value this tool needs).  Passed on, such
+    a word is what bash would pass."""
     words = [w.text for w in arguments]
     for use in walk_flags(words, source, strict=False, keep_unknown=True):
-        reasons = (arguments[i].unresolved for i in use.span)
+        reasons = (
+            arguments[i].unknown if missing_too else arguments[i].unresolved for i in use.span
+        )
         yield use, next((reason for reason in reasons if reason), None)
 
 

@@ -2,9 +2,10 @@
 
 Counts follow the modules megatron-core builds (checked against an instantiated ``GPTModel`` in
 tests); FLOPs follow ``training.py:num_floating_point_operations`` split per unit, so that the
-units of a whole model add up to Megatron's own figure.  Memory is the static part (weights,
-gradients, optimizer state) with Megatron's EP-aware accounting; activations belong to the
-schedule and live in ``search/memory.py``.
+units of a whole model add up to Megatron's own figure (but for ``--quick-geglu``, which that
+formula counts as ungated and which is gated: every ``gated`` below is ``gated_linear_unit``).
+Memory is the static part (weights, gradients, optimizer state) with Megatron's EP-aware
+accounting; activations belong to the schedule and live in ``search/memory.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 WEIGHT_BYTES = 2  # bf16 parameters
@@ -19,7 +21,7 @@ GIB = 2**30  # bytes in a GiB: every memory figure ray_layout shows is in GiB
 GRAD_BYTES = 4  # fp32 main gradients
 OPTIMIZER_BYTES = 12  # fp32 master copy + Adam's two moments
 
-EMBEDDING, DECODER, DENSE_DECODER, MOE_DECODER, MTP, LOSS = "E", "t", "t_dense", "t_moe", "m", "L"
+DENSE_DECODER, MOE_DECODER = "t_dense", "t_moe"  # a decoder layer of each kind, where they differ
 
 
 @dataclass(frozen=True)
@@ -62,19 +64,6 @@ class UnitSize:
         return 3 * self.forward_flops
 
 
-@dataclass(frozen=True)
-class StaticMemory:
-    """Bytes one GPU holds for weights, gradients and optimizer state."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer
-
-
 def _norm(model: ModelSpec, width: int) -> int:
     return width * (2 if model.normalization == "LayerNorm" else 1)
 
@@ -85,7 +74,7 @@ def _linear(model: ModelSpec, fan_in: int, fan_out: int) -> tuple[int, int]:
 
 
 def _mlp(model: ModelSpec, hidden: int, ffn: int) -> Params:
-    gated = 2 if model.swiglu else 1
+    gated = 2 if model.gated_linear_unit else 1
     fc1_weight, fc1_bias = _linear(model, hidden, gated * ffn)
     fc2_weight, fc2_bias = _linear(model, ffn, hidden)
     return Params(tp_sharded=fc1_weight + fc1_bias + fc2_weight, replicated=fc2_bias)
@@ -109,7 +98,7 @@ def attention_params(model: ModelSpec) -> Params:
         kv_up = mla.kv_lora_rank * heads * (mla.qk_head_dim + mla.v_head_dim)
         proj_weight, proj_bias = _linear(model, heads * mla.v_head_dim, h)
         return Params(
-            tp_sharded=q_params + kv_down + kv_up + proj_weight,
+            tp_sharded=q_params + kv_down + kv_up + proj_weight + _sinks(model),
             replicated=q_norm + kv_norm + proj_bias,
         )
     q = model.kv_channels * heads
@@ -118,9 +107,15 @@ def attention_params(model: ModelSpec) -> Params:
     proj_weight, proj_bias = _linear(model, q, h)
     qk_norms = 2 * _norm(model, model.kv_channels) if model.qk_layernorm else 0
     return Params(
-        tp_sharded=h * (q + 2 * kv) + qkv_bias + proj_weight,
+        tp_sharded=h * (q + 2 * kv) + qkv_bias + proj_weight + _sinks(model),
         replicated=proj_bias + qk_norms,
     )
+
+
+def _sinks(model: ModelSpec) -> int:
+    """``--softmax-type learnable`` (attention sinks): core attention's one offset per head, split
+    by TP with the heads."""
+    return model.num_attention_heads if model.softmax_type == "learnable" else 0
 
 
 def decoder_layer_params(model: ModelSpec, moe: bool) -> Params:
@@ -130,7 +125,8 @@ def decoder_layer_params(model: ModelSpec, moe: bool) -> Params:
     if not moe:
         return norms + attention_params(model) + _mlp(model, h, model.ffn_hidden_size)
     expert = _mlp(model, h, model.moe_ffn_hidden_size)
-    router = Params(replicated=model.num_experts * h)
+    # The router's bias exists under --add-bias-linear (megatron-core's TopKRouter).
+    router = Params(replicated=model.num_experts * (h + model.add_bias_linear))
     shared = (
         _mlp(model, h, model.moe_shared_expert_intermediate_size)
         if model.moe_shared_expert_intermediate_size
@@ -166,7 +162,8 @@ def _attention_flops_per_token(model: ModelSpec) -> float:
 
 
 def _mlp_flops_per_token(model: ModelSpec, moe: bool) -> float:
-    gated = 3 if model.swiglu else 2
+    # Megatron's own formula reads args.swiglu and so counts --quick-geglu as ungated; it is gated.
+    gated = 3 if model.gated_linear_unit else 2
     if not moe:
         return 2 * model.hidden_size * model.ffn_hidden_size * gated
     ffn = (
@@ -230,12 +227,21 @@ def final_norm_params(model: ModelSpec) -> Params:
 
 @dataclass(frozen=True)
 class ParameterCount:
-    """Whole-model counts under the convention model cards use (the handbook's 6.86B, DeepSeek-V3's
-    671B): a tied embedding counted once, an untied output layer counted, MTP layers apart."""
+    """Whole-model counts: a tied embedding counted once, an untied output layer counted, MTP
+    layers apart (the handbook's 6.86B, DeepSeek-V3's 671B).
+
+    Model cards count active parameters three ways, so all three are here, each by what it
+    leaves out: ``active`` keeps the embedding and the output layer (Mixtral, Qwen, Llama 4),
+    ``active_without_embedding_and_output`` leaves both out (DeepSeek, GLM, MiniMax), and
+    ``active_without_input_embedding`` keeps the output layer alone (gpt-oss).  A tied matrix is
+    the output layer there."""
 
     total: int  # embedding, decoder layers, final norm, untied output layer; no MTP
     active: int  # same, with only the top-k routed experts
+    active_without_embedding_and_output: int
+    active_without_input_embedding: int
     mtp: int  # all MTP layers together
+    embedding: int  # the input embedding (and learned positions)
     output_layer: int  # 0 when tied to the embedding
     total_with_everything: int  # what a single-process megatron-core GPTModel holds
 
@@ -243,6 +249,7 @@ class ParameterCount:
 def parameter_count(model: ModelSpec) -> ParameterCount:
     sizes = unit_sizes(model)
     output = sizes[LOSS].params if model.untie_embeddings_and_output_weights else Params()
+    embedding = sizes[EMBEDDING].params.total
     body = sizes[EMBEDDING].params + final_norm_params(model) + output
     for index in range(model.num_layers):
         body = body + sizes[decoder_unit(model, index)].params
@@ -250,7 +257,10 @@ def parameter_count(model: ModelSpec) -> ParameterCount:
     return ParameterCount(
         total=body.total,
         active=body.active,
+        active_without_embedding_and_output=body.active - embedding - output.total,
+        active_without_input_embedding=body.active - embedding * (output.total > 0),
         mtp=mtp,
+        embedding=embedding,
         output_layer=output.total,
         total_with_everything=body.total + mtp,
     )
@@ -265,20 +275,20 @@ def training_flops_per_iteration(model: ModelSpec, global_batch_size: int) -> fl
     return flops + sizes[LOSS].training_flops
 
 
-def static_memory(params: Params, parallel: ParallelConfig) -> StaticMemory:
-    """Per-GPU bytes for ``params``: dense weights split by TP and their optimizer state by DP;
-    expert weights split by EP x ETP and their optimizer state by expert-DP."""
+def gpu_params(params: Params, parallel: ParallelConfig) -> tuple[float, float, float]:
+    """(dense, expert, fp8-eligible) parameters on one GPU: dense split by TP, experts by EP x
+    ETP; the TP-split linear weights and the experts are what ``--fp8-param-gather`` keeps in
+    fp8."""
     dense = params.tp_sharded / parallel.tp + params.replicated
     expert = params.expert / (parallel.ep * parallel.etp)
-    if parallel.use_distributed_optimizer:
-        optimizer = OPTIMIZER_BYTES * (dense / parallel.dp + expert / parallel.expert_dp)
-    else:
-        optimizer = OPTIMIZER_BYTES * (dense + expert)
-    return StaticMemory(
-        weights=WEIGHT_BYTES * (dense + expert),
-        gradients=GRAD_BYTES * (dense + expert),
-        optimizer=optimizer,
-    )
+    return dense, expert, params.tp_sharded / parallel.tp + expert
+
+
+def gpu_gigaparams(params: Params, parallel: ParallelConfig) -> float:
+    """Billions of parameters one GPU holds (what its step tail syncs and updates), before any
+    DP split of the distributed optimizer."""
+    dense, expert, _ = gpu_params(params, parallel)
+    return (dense + expert) / 1e9
 
 
 @dataclass(frozen=True)
@@ -289,7 +299,7 @@ class StageSize:
     units: str  # the layout symbols of its chunks, chunks separated by '|'
     params: Params
     forward_flops: float
-    memory: StaticMemory
+    gpu_gigaparams: float  # parameters one GPU of the rank holds, in billions
 
 
 def stage_sizes(
@@ -337,7 +347,7 @@ def stage_sizes(
             units="|".join(stages[rank::pp]),
             params=totals[rank],
             forward_flops=flops[rank],
-            memory=static_memory(totals[rank], parallel),
+            gpu_gigaparams=gpu_gigaparams(totals[rank], parallel),
         )
         for rank in range(pp)
     ]

@@ -9,15 +9,12 @@ fills Megatron's defaults and rejects contradictions with one-line :class:`Confi
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, clipped, quoted
 from ray_layout.model.fields import (
     FIELD,
     MAX_DIMENSION,
@@ -29,6 +26,7 @@ from ray_layout.model.fields import (
     checked,
     take,
 )
+from ray_layout.model.files import read_mapping
 from ray_layout.model.megatron_args import UnresolvedArgument
 from ray_layout.model.split import PipelineSplit
 
@@ -59,10 +57,12 @@ class ModelSpec:
     vocab_size: int
     make_vocab_size_divisible_by: int = 128
     swiglu: bool = True
+    quick_geglu: bool = False  # gpt-oss's clamped GeGLU with quick GELU: gated, as SwiGLU is
     normalization: str = "RMSNorm"
     add_bias_linear: bool = False
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
+    softmax_type: str = "vanilla"  # "learnable": attention sinks, one parameter per head
     position_embedding_type: str = "rope"
     max_position_embeddings: int = 0
     untie_embeddings_and_output_weights: bool = False
@@ -73,6 +73,12 @@ class ModelSpec:
     moe_layer_pattern: tuple[bool, ...] = ()
     mtp_num_layers: int = 0
     mla: MLAConfig | None = None
+
+    @property
+    def gated_linear_unit(self) -> bool:
+        """Whether the MLP's first projection is doubled (gate and up): Megatron sets
+        ``gated_linear_unit`` for ``--swiglu`` and for ``--quick-geglu`` alike."""
+        return self.swiglu or self.quick_geglu
 
     @property
     def num_moe_layers(self) -> int:
@@ -127,11 +133,17 @@ class ParallelConfig:
         """The run shape as the ``runs`` table and the report hold it, in one place: every size,
         the batch (None where not given) and the micro-batches it makes."""
         return {
-            "pp": self.pp, "vpp": self.vpp, "tp": self.tp, "cp": self.cp, "ep": self.ep,
-            "etp": self.etp, "dp": self.dp, "micro_batch_size": self.micro_batch_size,
+            "pp": self.pp,
+            "vpp": self.vpp,
+            "tp": self.tp,
+            "cp": self.cp,
+            "ep": self.ep,
+            "etp": self.etp,
+            "dp": self.dp,
+            "micro_batch_size": self.micro_batch_size,
             "global_batch_size": self.global_batch_size or None,
             "num_microbatches": self.num_microbatches_or_none,
-        }  # fmt: skip
+        }
 
 
 @dataclass(frozen=True)
@@ -153,8 +165,14 @@ class Recipe:
     unresolved_arguments: tuple[UnresolvedArgument, ...] = ()
 
 
-__all__ = ["MAX_DIMENSION", "MAX_LAYERS", "MAX_PARALLEL_SIZE", "MAX_PIPELINE_STAGES",
-           "MAX_WORLD_SIZE", "MODEL_KEYS"]  # fmt: skip
+__all__ = [
+    "MAX_DIMENSION",
+    "MAX_LAYERS",
+    "MAX_PARALLEL_SIZE",
+    "MAX_PIPELINE_STAGES",
+    "MAX_WORLD_SIZE",
+    "MODEL_KEYS",
+]
 # The ModelSpec fields a loader gives as they are (the table's entries; the rest are derived).
 _SPEC_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name in FIELD)
 PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
@@ -162,41 +180,42 @@ PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
 PARALLEL_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")
 
 
-def parse_moe_layer_freq(value: int | str | list[int], num_layers: int) -> tuple[bool, ...]:
+def parse_moe_layer_freq(
+    value: int | str | list[int], num_layers: int, *, source: str
+) -> tuple[bool, ...]:
     """Megatron's ``--moe-layer-freq``: an int N (every N-th layer is MoE, starting at layer 0)
     or a list, given directly or as a Python expression such as ``([0]*3+[1]*58)``.
 
     The expression is evaluated over its syntax tree (lists of 0/1, ``+`` and ``*``), never eval.
     """
-    if isinstance(value, bool):
-        raise ConfigError(f"moe_layer_freq must be an int or a list, got {value!r}")
+    where = f"{source}: moe_layer_freq"
+    if isinstance(value, bool) or not isinstance(value, int | str | list | tuple):
+        raise ConfigError(f"{where} must be an int or a list, got {quoted(value)}")
     if isinstance(value, int):
         if value < 1:
-            raise ConfigError(f"moe_layer_freq must be >= 1, got {value}")
+            raise ConfigError(f"{where} must be >= 1, got {quoted(value)}")
         return tuple(i % value == 0 for i in range(num_layers))
-    if not isinstance(value, str | list | tuple):
-        raise ConfigError(f"moe_layer_freq must be an int or a list, got {value!r}")
-    pattern = _list_expression(value) if isinstance(value, str) else list(value)
+    pattern = _list_expression(value, where) if isinstance(value, str) else list(value)
     if isinstance(pattern, int):
-        return parse_moe_layer_freq(pattern, num_layers)
+        return parse_moe_layer_freq(pattern, num_layers, source=source)
     if len(pattern) != num_layers:
-        raise ConfigError(
-            f"moe_layer_freq has {len(pattern)} entries but num_layers is {num_layers}"
-        )
+        raise ConfigError(f"{where} has {len(pattern)} entries but num_layers is {num_layers}")
     if any(x not in (0, 1) or isinstance(x, float) for x in pattern):
-        raise ConfigError(f"moe_layer_freq entries must be 0 or 1, got {pattern}")
+        raise ConfigError(f"{where} entries must be 0 or 1, got {quoted(pattern)}")
     return tuple(bool(x) for x in pattern)
 
 
 _MAX_PATTERN_LENGTH = 100_000
 
 
-def _list_expression(text: str) -> list[int] | int:
+def _list_expression(text: str, where: str) -> list[int] | int:
+    shown = quoted(text)
+
     def value(node: ast.AST) -> list[int] | int:
         result = operation(node)
         # Bounding every intermediate keeps hostile input from allocating (or printing) huge values.
         if (len(result) if isinstance(result, list) else result) > _MAX_PATTERN_LENGTH:
-            raise ConfigError(f"moe_layer_freq {text!r} is too large")
+            raise ConfigError(f"{where} {shown} is too large")
         return result
 
     def operation(node: ast.AST) -> list[int] | int:
@@ -205,7 +224,7 @@ def _list_expression(text: str) -> list[int] | int:
         if isinstance(node, ast.List):
             items = [value(x) for x in node.elts]
             if not all(isinstance(x, int) for x in items):
-                raise ConfigError(f"moe_layer_freq {text!r}: nested lists are not allowed")
+                raise ConfigError(f"{where} {shown}: nested lists are not allowed")
             return items
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
             left, right = value(node.left), value(node.right)
@@ -215,18 +234,18 @@ def _list_expression(text: str) -> list[int] | int:
                 times, items = (right, left) if isinstance(left, list) else (left, right)
                 if isinstance(items, list) and isinstance(times, int):
                     if len(items) * max(times, 0) > _MAX_PATTERN_LENGTH:
-                        raise ConfigError(f"moe_layer_freq {text!r} is too long")
+                        raise ConfigError(f"{where} {shown} is too long")
                     return items * times
                 if isinstance(items, int) and isinstance(times, int):
                     return items * times
-        raise ConfigError(f"moe_layer_freq {text!r}: only integers, lists, '+' and '*' are allowed")
+        raise ConfigError(f"{where} {shown}: only integers, lists, '+' and '*' are allowed")
 
     try:
         return value(ast.parse(text.strip(), mode="eval").body)
     except SyntaxError:
-        raise ConfigError(f"moe_layer_freq {text!r} is not an int or a list expression") from None
+        raise ConfigError(f"{where} {shown} is not an int or a list expression") from None
     except RecursionError:
-        raise ConfigError(f"moe_layer_freq {text!r} is nested too deeply") from None
+        raise ConfigError(f"{where} {shown} is nested too deeply") from None
 
 
 def build_recipe(
@@ -239,11 +258,18 @@ def build_recipe(
     raw = dict(raw_model)
     unknown = sorted(set(raw) - MODEL_KEYS)
     if unknown:
-        raise ConfigError(f"{source}: unknown model field(s): {', '.join(unknown)}")
+        raise ConfigError(f"{source}: unknown model field(s): {clipped(', '.join(unknown))}")
     v = {key: take(raw, key, source=source) for key in _SPEC_KEYS}
     hidden, heads = v["hidden_size"], v["num_attention_heads"]
+    if v["quick_geglu"] and raw.get("swiglu") is None:  # this project's SwiGLU default yields
+        v["swiglu"] = False
     if v["ffn_hidden_size"] is None:  # Megatron's: 4h, or 2/3 of it rounded down to 64 (SwiGLU)
         v["ffn_hidden_size"] = int(4 * hidden * 2 / 3 / 64) * 64 if v["swiglu"] else 4 * hidden
+    if v["swiglu"] and v["quick_geglu"]:
+        raise ConfigError(f"{source}: swiglu and quick_geglu are both set; Megatron takes one")
+    if v["softmax_type"] not in _SOFTMAX_TYPES:
+        choices, shown = ", ".join(_SOFTMAX_TYPES), quoted(v["softmax_type"])
+        raise ConfigError(f"{source}: softmax_type must be one of {choices}, not {shown}")
     if v["kv_channels"] is None:
         if hidden % heads:
             raise ConfigError(
@@ -258,12 +284,11 @@ def build_recipe(
             f"{source}: num_attention_heads {heads} is not divisible by num_query_groups {groups}"
         )
     if v["normalization"] not in ("LayerNorm", "RMSNorm"):
-        raise ConfigError(
-            f"{source}: normalization must be LayerNorm or RMSNorm, not {v['normalization']}"
-        )
+        shown = quoted(v["normalization"])
+        raise ConfigError(f"{source}: normalization must be LayerNorm or RMSNorm, not {shown}")
     position = v["position_embedding_type"]
     if position not in ("rope", "learned_absolute", "none"):
-        raise ConfigError(f"{source}: unknown position_embedding_type {position}")
+        raise ConfigError(f"{source}: unknown position_embedding_type {quoted(position)}")
     learned = position == "learned_absolute"  # the only one with a table of positions
     v["max_position_embeddings"] = (v["max_position_embeddings"] or v["seq_length"]) * learned
     num_experts, mtp = v["num_experts"], v["mtp_num_layers"]
@@ -284,6 +309,7 @@ def build_recipe(
     return Recipe(model=model, parallel=parallel)
 
 
+_SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")  # Megatron's --softmax-type choices
 _MOE_ONLY = ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq")
 
 
@@ -304,7 +330,7 @@ def _moe_pattern(raw: dict[str, Any], v: dict[str, Any], source: str) -> tuple[b
             f"{num_experts}"
         )
     freq = raw.get("moe_layer_freq")
-    return parse_moe_layer_freq(1 if freq is None else freq, num_layers)
+    return parse_moe_layer_freq(1 if freq is None else freq, num_layers, source=source)
 
 
 def build_parallel(
@@ -313,22 +339,26 @@ def build_parallel(
     """Parallel sizes checked against the model (experts divide by EP, heads by TP, ...)."""
     unknown = sorted(set(raw) - PARALLEL_KEYS)
     if unknown:
-        raise ConfigError(f"{source}: unknown parallel field(s): {', '.join(unknown)}")
+        raise ConfigError(f"{source}: unknown parallel field(s): {clipped(', '.join(unknown))}")
     sizes = {}
     for f in fields(ParallelConfig):
         if f.name == "use_distributed_optimizer":
             continue
         bound = MAX_DIMENSION if f.name == "global_batch_size" else MAX_PARALLEL_SIZE
         given = raw.get(f.name)
-        value = f.default if given is None else checked(f.name, given, int, source=source,
-                                                        maximum=bound)  # fmt: skip
+        value = (
+            f.default
+            if given is None
+            else checked(f.name, given, int, source=source, maximum=bound)
+        )
         minimum = 0 if f.name == "global_batch_size" else 1
         if value < minimum:
             raise ConfigError(f"{source}: {f.name} must be >= {minimum}, got {value}")
         sizes[f.name] = value
     given = raw.get("use_distributed_optimizer")
-    distopt = True if given is None else checked("use_distributed_optimizer", given, bool,
-                                                 source=source)  # fmt: skip
+    distopt = (
+        True if given is None else checked("use_distributed_optimizer", given, bool, source=source)
+    )
     parallel = ParallelConfig(**sizes, use_distributed_optimizer=distopt)
     check_parallel(model, parallel, source=source)
     return parallel
@@ -383,37 +413,18 @@ def with_parallel(recipe: Recipe, **overrides: int | None) -> Recipe:
     return replace(recipe, parallel=build_parallel(recipe.model, merged, source="parallel sizes"))
 
 
-def read_mapping(path: Path, source: str) -> dict[str, Any]:
-    """A YAML or JSON file's top-level mapping (JSON by the ``.json`` suffix), or a one-line
-    ConfigError naming ``source``."""
-    is_json = path.suffix == ".json"
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read ({exc.strerror})") from None
-    try:
-        raw = json.loads(text) if is_json else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:  # ValueError: JSON, or an int over 4,300 digits
-        first_line = str(exc).splitlines()[0]
-        raise ConfigError(
-            f"{source}: not valid {'JSON' if is_json else 'YAML'}: {first_line}"
-        ) from None
-    except RecursionError:
-        raise ConfigError(f"{source}: nested too deeply") from None
-    if not isinstance(raw, dict):
-        kind = "a JSON object" if is_json else "a mapping"
-        raise ConfigError(f"{source}: expected {kind} at the top level")
-    return raw
-
-
 def load_recipe_file(path: str | Path) -> Recipe:
     """This project's schema: a YAML or JSON mapping of model fields plus a ``parallel`` section."""
     path = Path(path)
     source = str(path)
     raw = read_mapping(path, source)
-    parallel = raw.pop("parallel", None) or {}
+    parallel = raw.pop(
+        "parallel", None
+    )  # 'parallel:' left empty is no section; false is no mapping
+    if parallel is None:
+        parallel = {}
     if not isinstance(parallel, dict):
-        raise ConfigError(f"{source}: 'parallel' must be a mapping")
+        raise ConfigError(f"{source}: parallel must be a mapping, got {quoted(parallel)}")
     raw.setdefault("name", path.stem)
     megatron_args = megatron_args_of(raw.pop("megatron_args", None), source)
     return replace(build_recipe(raw, parallel, source=source), megatron_args=megatron_args)

@@ -92,12 +92,18 @@ def current_layout(
 def check_split(split: PipelineSplit) -> None:
     """Megatron's rules on which split flags go together (``validate_args`` and
     ``TransformerConfig``), each a :class:`LayoutError` naming the flags."""
-    virtual = [SPLIT_FLAGS[key] for key in ("layout", "layers_per_virtual_stage", "virtual_stages")
-               if getattr(split, key) is not None]  # fmt: skip
+    virtual = [
+        SPLIT_FLAGS[key]
+        for key in ("layout", "layers_per_virtual_stage", "virtual_stages")
+        if getattr(split, key) is not None
+    ]
     if len(virtual) > 1:
         raise LayoutError(f"Megatron accepts at most one of {', '.join(virtual)}")
-    shaping = [SPLIT_FLAGS[key] for key, value in split.shapes_default.items()
-               if value not in (None, False)]  # fmt: skip
+    shaping = [
+        SPLIT_FLAGS[key]
+        for key, value in split.shapes_default.items()
+        if value not in (None, False)
+    ]
     if split.layout is not None and shaping:
         raise LayoutError(
             f"Megatron rejects --pipeline-model-parallel-layout together with {', '.join(shaping)}"

@@ -11,15 +11,18 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class Code:
+class Styled:
+    """Inline text in a style; each style is a subclass, so a renderer matches on the type."""
+
+    text: str
+
+
+class Code(Styled):
     """Inline code (a layout, a path, a flag)."""
 
-    text: str
 
-
-@dataclass(frozen=True)
-class Strong:
-    text: str
+class Strong(Styled):
+    """Strong emphasis (the pick, a total)."""
 
 
 Inline = str | Code | Strong

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ray_layout.errors import ConfigError
 from search.simulator import Event
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not with the report
@@ -43,7 +44,11 @@ def _save(fig: Figure, paths: Sequence[str | Path], dpi: int = 130) -> None:
             metadata = {"Date": None} if suffix == ".svg" else None
             if suffix == ".pdf":
                 metadata = {"CreationDate": None}
-            fig.savefig(path, dpi=dpi, metadata=metadata)
+            try:
+                fig.savefig(path, dpi=dpi, metadata=metadata)
+            except OSError as exc:  # a full disk, a path the pre-check could not see through
+                Path(path).unlink(missing_ok=True)  # nothing half-written is left behind
+                raise ConfigError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 @contextmanager
@@ -78,8 +83,7 @@ def _timeline_on(
         color = COLORS[event.label[0]] if event.is_compute else COLORS["p2p"]
         bars.setdefault((event.rank, color), []).append((event.start, event.end - event.start))
     for (rank, color), spans in bars.items():
-        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolor="white",
-                       linewidth=0.3)  # fmt: skip
+        ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=color, edgecolor="white", linewidth=0.3)
     for rank, (end, tail) in enumerate(zip(finish, tail_ms, strict=True)):
         if tail > 0:
             ax.broken_barh([(end, tail)], (rank - 0.4, 0.8), facecolors=COLORS["tail"])
@@ -88,8 +92,13 @@ def _timeline_on(
     ax.set_title(title)
     if legend:
         handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-        ax.legend(handles, ["forward", "backward", "p2p wait/transfer", "grad sync + optimizer"],
-                  loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)  # fmt: skip
+        ax.legend(
+            handles,
+            ["forward", "backward", "p2p wait/transfer", "grad sync + optimizer"],
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            frameon=False,
+        )
 
 
 def draw_timeline(
@@ -114,10 +123,13 @@ def draw_timelines(
     their lengths compare at a glance; saved once per path."""
     heights = [1 + max(e.rank for e in events) for _, events, _ in panels]
     with _figure(
-        paths, nrows=len(panels), sharex=True, squeeze=False,
+        paths,
+        nrows=len(panels),
+        sharex=True,
+        squeeze=False,
         figsize=(12, 0.6 + sum(0.5 + 0.45 * h for h in heights)),
         gridspec_kw={"height_ratios": heights},
-    ) as (_, axes):  # fmt: skip
+    ) as (_, axes):
         for index, ((title, events, tail), ax) in enumerate(zip(panels, axes[:, 0], strict=True)):
             _timeline_on(ax, events, tail, title, legend=index == 0)
         axes[-1, 0].set_xlabel("ms")
@@ -141,12 +153,23 @@ def draw_memory(
             xs = [r - 0.4 + width * (index + 0.5) for r in range(len(predicted))]
             ax.bar(xs, predicted, width, label=label, color=cmap(index % 10))
             if measured:
-                ax.plot(xs[: len(measured)], measured, "D", color="black", markersize=4,
-                        label=None if measured_drawn else "measured")  # fmt: skip
+                ax.plot(
+                    xs[: len(measured)],
+                    measured,
+                    "D",
+                    color="black",
+                    markersize=4,
+                    label=None if measured_drawn else "measured",
+                )
                 measured_drawn = True
         if hbm_gib is not None:
-            ax.axhline(hbm_gib, color=HBM_COLOR, linestyle="--", linewidth=1.2,
-                       label=f"HBM {hbm_gib:g} GiB")  # fmt: skip
+            ax.axhline(
+                hbm_gib,
+                color=HBM_COLOR,
+                linestyle="--",
+                linewidth=1.2,
+                label=f"HBM {hbm_gib:g} GiB",
+            )
         ax.set_xticks(range(ranks), [f"PP rank {r}" for r in range(ranks)])
         ax.set_ylabel("GiB (bars: predicted)")
         ax.set_title(title)
@@ -165,15 +188,19 @@ def draw_predicted_vs_measured(
     pad = 0.08 * (high - low) or 0.05 * abs(high) or 1.0
     low, high = low - pad, high + pad
     with _figure(paths, figsize=(6.4, 5.2)) as (_, ax):
-        ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1,
-                label="y = x")  # fmt: skip
+        ax.plot([low, high], [low, high], color="grey", linestyle="--", linewidth=1, label="y = x")
         for label, predicted, measured, ci in points:
             yerr = None
             if ci is not None:
                 yerr = [[max(measured - ci[0], 0.0)], [max(ci[1] - measured, 0.0)]]
             ax.errorbar([predicted], [measured], yerr=yerr, fmt="o", color="#4C78A8", capsize=3)
-            ax.annotate(label, (predicted, measured), textcoords="offset points", xytext=(6, 4),
-                        fontsize="small")  # fmt: skip
+            ax.annotate(
+                label,
+                (predicted, measured),
+                textcoords="offset points",
+                xytext=(6, 4),
+                fontsize="small",
+            )
         ax.set_xlim(low, high)
         ax.set_ylim(low, high)
         ax.set_aspect("equal")
@@ -204,14 +231,27 @@ def draw_step_traces(
         for index, (label, steps) in enumerate(traces.items()):
             color = cmap(index % 10)
             early = ended_early.get(label)
-            ax.plot(range(1, len(steps) + 1), steps, color=color, linewidth=1.2,
-                    label=f"{label} ({early} at {len(steps)})" if early else label)  # fmt: skip
+            ax.plot(
+                range(1, len(steps) + 1),
+                steps,
+                color=color,
+                linewidth=1.2,
+                label=f"{label} ({early} at {len(steps)})" if early else label,
+            )
             if early:
                 ax.plot([len(steps)], [steps[-1]], "X", color=color, markersize=9)
         if top > cut:
             ax.set_ylim(low * 0.95, cut)
-            ax.text(0.99, 0.98, f"axis cut at {cut:,.0f} ms (warm-up above)", ha="right",
-                    va="top", transform=ax.transAxes, fontsize="small", color="grey")  # fmt: skip
+            ax.text(
+                0.99,
+                0.98,
+                f"axis cut at {cut:,.0f} ms (warm-up above)",
+                ha="right",
+                va="top",
+                transform=ax.transAxes,
+                fontsize="small",
+                color="grey",
+            )
         ax.set_xlabel("iteration")
         ax.set_ylabel("step (ms)")
         ax.set_title(title)

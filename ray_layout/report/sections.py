@@ -56,6 +56,13 @@ PARALLEL_LABELS = {
 }
 
 
+# the megatron-core backend trains megatron-core's own model on CPU ranks
+CPU_TIMES = (
+    " Its times are CPU times of megatron-core's own model on CPU ranks: they prove the layouts "
+    "build and the loop works on real model code, never GPU speed."
+)
+
+
 def _use_this(summary: TuneSummary) -> list[Block]:
     pp, vpp = pick_shape(summary)
     source = summary.pick_source
@@ -103,6 +110,7 @@ def _header(summary: TuneSummary) -> list[Block]:
                 ", cost store ",
                 Code(summary.store),
                 f"; backend {summary.backend} on {summary.hardware}.",
+                *((CPU_TIMES,) if summary.backend == "megatron-core" else ()),
             )
         ),
         Para((f"Parallel: {parallel}. HBM per GPU: {hbm}.",)),

@@ -52,6 +52,7 @@ class ArmOutcome:
 class SearchFacts:
     """What the search did, in the order the report lists it."""
 
+    schedule: str  # the pipeline schedule the job's flags select: 1f1b, interleaved, ...
     method: str  # "enumeration" or "exact search"
     valid_layouts: int
     scored: int
@@ -197,8 +198,14 @@ def speedups(summary: TuneSummary) -> dict[ArmRole, Speedup]:
         scored = simulated(summary, role)
         layout = base.layout if base is not None else scored.layout if scored else None
         if pick is not None and base is not None and is_measured(pick) and is_measured(base):
-            found[role] = Speedup(role, base.measured_ms / pick.measured_ms, "measured",
-                                  pick.measured_ms, base.measured_ms, layout)  # fmt: skip
+            found[role] = Speedup(
+                role,
+                base.measured_ms / pick.measured_ms,
+                "measured",
+                pick.measured_ms,
+                base.measured_ms,
+                layout,
+            )
             continue
         pick_ms = predicted_ms(pick, summary, PICK)
         base_ms = predicted_ms(base, summary, role)

@@ -46,8 +46,9 @@ def print_summary(summary: TuneSummary, console: Console, files: ReportFiles | N
     saving = gpu_saving(summary)
     gpu = f"GPU-seconds: {summary.gpu_seconds_spent:,.0f} spent"
     if saving is not None:
-        gpu += (f" of {summary.gpu_seconds_full:,.0f} without early stopping "
-                f"({show_pct(saving)} saved)")  # fmt: skip
+        gpu += (
+            f" of {summary.gpu_seconds_full:,.0f} without early stopping ({show_pct(saving)} saved)"
+        )
     say(gpu)
     if summary.fit_warnings:
         say((f"{len(summary.fit_warnings)} fit warning(s): see the report", "yellow"))

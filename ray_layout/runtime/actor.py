@@ -21,7 +21,8 @@ from collections.abc import Mapping
 import ray
 
 from ray_layout.errors import ConfigError
-from ray_layout.runtime.failures import ITERATION_LINE, MAX_LINE, RankStatus, failure_mark
+from ray_layout.measure.logs import ITERATION_LINE_START
+from ray_layout.runtime.failures import MAX_LINE, RankStatus, failure_mark
 from ray_layout.runtime.outputs import RankOutput, rank_output
 
 _TAIL_LINES = 50
@@ -132,7 +133,7 @@ class RankProcess:
         mark = failure_mark(line)
         with self._lock:
             self._tail.append(line)
-            if ITERATION_LINE.search(line):
+            if ITERATION_LINE_START.search(line):
                 self._last_beat = time.monotonic()
                 self._iteration_lines.append(line)
             if mark and mark not in self._marks:

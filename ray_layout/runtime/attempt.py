@@ -40,7 +40,7 @@ from ray_layout.runtime.placement import (
     node_bundles,
     rank_order,
 )
-from ray_layout.runtime.spec import RunResult, RunSpec, Watch, attempt_id
+from ray_layout.runtime.run_spec import RunResult, RunSpec, Watch, attempt_id
 
 _POLL_S = 0.25  # how often the driver asks every rank for its progress
 _RPC_TIMEOUT_S = 30.0  # longest wait for one answer of a live actor
@@ -90,7 +90,7 @@ def run_attempt(
     attempt = _Attempt(spec, number, watch, cancel)
     bundles = node_bundles(spec.parallel.world_size, spec.gpus_per_node)
     try:
-        check_placement(spec.parallel, {f"node {i}": gpus for i, gpus in enumerate(bundles)})
+        check_placement(spec.parallel, {str(i): gpus for i, gpus in enumerate(bundles)})
     except ConfigError as exc:
         return attempt.result(FailureClass.INVALID_CONFIG, str(exc))
     pg = placement_group(

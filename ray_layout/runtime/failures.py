@@ -49,8 +49,15 @@ class FailureClass(StrEnum):
 
 FINISHED, FAILED, INFEASIBLE, ERROR = "finished", "failed", "infeasible", "error"
 STOPPED, CANCELLED = "stopped", "cancelled"
-RETRIED = frozenset({FailureClass.NODE_LOST, FailureClass.KILLED, FailureClass.COMM,
-                     FailureClass.HANG, FailureClass.TIMEOUT})  # fmt: skip
+RETRIED = frozenset(
+    {
+        FailureClass.NODE_LOST,
+        FailureClass.KILLED,
+        FailureClass.COMM,
+        FailureClass.HANG,
+        FailureClass.TIMEOUT,
+    }
+)
 _STATUS_OF = {
     FailureClass.OOM: INFEASIBLE,
     FailureClass.INFEASIBLE_PLACEMENT: INFEASIBLE,
@@ -61,8 +68,6 @@ _STATUS_OF = {
 CANCELLED_ERROR = "cancelled: the driver was interrupted"
 MAX_LINE = 500  # characters kept of one line in errors and tails
 
-# Megatron's iteration line (as ray_layout.measure.logs reads it): a rank's heartbeat.
-ITERATION_LINE = re.compile(r"\biteration\s+\d+\s*/\s*\d+\s*\|")
 _MARKS = (
     (
         FailureClass.OOM,

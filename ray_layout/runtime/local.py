@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import ray
 from ray.cluster_utils import Cluster
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, RunFailure
 
 _LOCAL_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -56,14 +56,22 @@ def start_local_cluster(
             "object_store_memory": store_bytes,
         },
     )
-    for _ in range(nodes):
-        cluster.add_node(
-            num_cpus=gpus_per_node if cpus_per_node is None else cpus_per_node,
-            num_gpus=gpus_per_node,
-            object_store_memory=store_bytes,
-        )
-    cluster.wait_for_nodes()
-    cluster.connect()
+    try:
+        for _ in range(nodes):
+            cluster.add_node(
+                num_cpus=gpus_per_node if cpus_per_node is None else cpus_per_node,
+                num_gpus=gpus_per_node,
+                object_store_memory=store_bytes,
+            )
+        cluster.wait_for_nodes()
+        cluster.connect()
+    except Exception as exc:  # Ray raises bare Exception when a raylet does not come up in time
+        cluster.shutdown()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RunFailure(
+            f"the embedded Ray cluster did not start ({first}); on a loaded machine run again, "
+            "or join a running cluster with --ray-address"
+        ) from None
     return cluster
 
 

@@ -19,7 +19,7 @@ from ray_layout.errors import RunFailure
 from ray_layout.measure.store import CostStore
 from ray_layout.model.megatron_args import FlagTable, megatron_flag_table
 from ray_layout.model.megatron_help_table import merge_with_bundled, parse_help
-from ray_layout.runtime.profiling import Backend
+from ray_layout.runtime.layout_runs import Backend
 
 HELP_TIMEOUT_S = 300.0
 BUNDLED = "the bundled megatron-core 0.16.1 table"
@@ -78,8 +78,9 @@ def _run_help(command: list[str], timeout_s: float) -> tuple[str | None, str]:
     on a line of its own."""
     environment = {**os.environ, "COLUMNS": "1000"}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                              env=environment, check=False)  # fmt: skip
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, env=environment, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, _one_line(exc)
     if done.returncode != 0:

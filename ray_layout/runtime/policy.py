@@ -1,8 +1,8 @@
 """How long a run may take, wait and stop, and how often it is tried again: one frozen
 :class:`RunPolicy` with the one set of defaults that the commands' flags, the tune's settings, a
-batch's :class:`~ray_layout.runtime.profiling.RunOptions` and each
-:class:`~ray_layout.runtime.spec.RunSpec` all nest whole, so no copy can keep a default of its
-own (``tests/test_run_policy.py`` walks every settings class for one)."""
+batch's :class:`~ray_layout.runtime.layout_runs.RunOptions` and each
+:class:`~ray_layout.runtime.run_spec.RunSpec` all nest whole, so no copy can keep a default of its
+own (``tests/runtime/test_policy.py`` walks every settings class for one)."""
 
 from __future__ import annotations
 

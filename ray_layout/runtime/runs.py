@@ -23,7 +23,7 @@ from ray_layout.runtime.attempt import run_attempt
 from ray_layout.runtime.failures import RETRIED
 from ray_layout.runtime.outputs import write_logs
 from ray_layout.runtime.placement import RankEnv, megatron_rank_env
-from ray_layout.runtime.spec import RunResult, RunSpec, Watch
+from ray_layout.runtime.run_spec import RunResult, RunSpec, Watch
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ def run_on_cluster(
 
 def run_many(
     specs: Sequence[RunSpec],
+    *,
     store: CostStore | None = None,
     rank_env: RankEnv = megatron_rank_env,
     max_parallel: int | None = None,
@@ -112,7 +113,13 @@ def runs_row(spec: RunSpec, attempted: Attempted) -> dict[str, Any]:
     """The ``runs`` row of one attempt."""
     result = attempted.result
     return shared_runs_row(
-        result.run_id, spec.study, spec.parallel, status=result.status,
-        started_at=attempted.started_at, finished_at=attempted.finished_at, **spec.labels,
-        failure_class=result.failure_class, error=result.error,
-    )  # fmt: skip
+        result.run_id,
+        spec.study,
+        spec.parallel,
+        status=result.status,
+        started_at=attempted.started_at,
+        finished_at=attempted.finished_at,
+        **spec.labels,
+        failure_class=result.failure_class,
+        error=result.error,
+    )

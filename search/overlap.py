@@ -1,0 +1,124 @@
+"""The interleaved schedule with overlapped p2p (``overlap_p2p_comm``, Megatron's default there).
+
+megatron-core 0.16.1's ``forward_backward_pipelining_with_interleaving`` with
+``overlap_p2p_comm`` on and ``overlap_p2p_comm_warmup_flush`` off: the warm-up's calls block
+as without overlap, except that the last warm-up forward also posts the first gradient's
+receive; in the steady phase each forward and backward posts its send and the next item's
+receive (non-blocking), the receive is waited just before the compute that needs it, and a
+send only when the next send of its direction is posted; the cool-down blocks again, then waits
+for the last gradient it sent.  Each :class:`Wait` names the post it waits for (the n-th
+non-blocking post of that transfer on the rank), as Megatron keeps one handle per post.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ray_layout.model.megatron_args import parse_flags
+from search.interleaved import InterleavedRank, interleaved_warmup
+from search.schedule import Op, P2PCall, Transfer, Wait, p2p_call
+
+
+def overlap_p2p_comm(args: Sequence[str], source: str = "megatron_args") -> bool:
+    """A job's ``overlap_p2p_comm`` from its flags: on (Megatron's default) unless
+    ``--no-overlap-p2p-communication``; Megatron turns it off itself without interleaving."""
+    return parse_flags(args, source).get("overlap_p2p_comm", True)
+
+
+# Flags that change the schedule in ways not simulated here: the plan says so once
+_UNSIMULATED = {
+    "overlap_p2p_comm_warmup_flush": "--overlap-p2p-communication-warmup-flush (the warm-up "
+    "and cool-down also post early; simulated as without it)",
+    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm (megatron-core's "
+    "combined 1F1B, which hides EP all-to-all under another micro-batch's compute; simulated "
+    "without that overlap)",
+}
+
+
+def unsimulated(args: Sequence[str], source: str = "megatron_args") -> tuple[str, ...]:
+    """The job's flags whose schedule the simulator does not model, each with what it
+    simulates instead; the flags themselves stay on the job's runs."""
+    flags = parse_flags(args, source)
+    return tuple(note for dest, note in _UNSIMULATED.items() if flags.get(dest))
+
+
+class _Handles:
+    """Megatron's wait handles: receives queued per direction, the latest send of each."""
+
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+        self.posts: dict[str, int] = {}
+        self.receives: dict[str, list[int]] = {Transfer.RECV_PREV: [], Transfer.RECV_NEXT: []}
+        self.send: dict[str, int | None] = {}
+
+    def post(self, name: str, send: str | None, receive: str | None) -> None:
+        """Post a send and a receive without waiting; then wait for this direction's previous
+        send (``send_next_wait_handle.wait()``) and keep the new one."""
+        kept = tuple(t for t in (send, receive) if t)
+        if kept:
+            self.ops.append(P2PCall(name, kept, blocking=False))
+        numbered = {}
+        for transfer in kept:
+            numbered[transfer] = self.posts.get(transfer, 0)
+            self.posts[transfer] = numbered[transfer] + 1
+        direction = "next" if name == "send_forward_recv_forward" else "prev"
+        previous = self.send.get(direction)
+        if previous is not None:
+            self.ops.append(Wait(f"send_{direction}", previous))
+        self.send[direction] = numbered.get(send) if send else None
+        if receive:
+            self.receives[receive].append(numbered[receive])
+
+    def wait_receive(self, receive: str) -> None:
+        """Wait for the oldest pending receive of this direction, if any."""
+        if self.receives[receive]:
+            self.ops.append(Wait(receive, self.receives[receive].pop(0)))
+
+
+def interleaved_overlap_ops(
+    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int
+) -> list[Op]:
+    """One rank's interleaved schedule with overlapped p2p, in Megatron's order."""
+    at = InterleavedRank(pp, rank, vpp, num_microbatches, group_size)
+    total, first, last = at.total, at.first, at.last
+    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size)
+    remaining = total - warmup
+    ops: list[Op] = [] if first else [P2PCall("recv_forward", (Transfer.RECV_PREV,))]
+    handles = _Handles(ops)
+    for k in range(warmup):
+        compute, send_next = at.forward(k)
+        recv_prev = at.receives(k, True) and k != total - 1
+        ops.append(compute)
+        receive = Transfer.RECV_PREV if recv_prev else None
+        ops += filter(None, [p2p_call("send_forward_recv_forward", send_next, receive)])
+        if k == warmup - 1 and not all_warmup:
+            handles.post("send_backward_recv_backward", None, None if last else Transfer.RECV_NEXT)
+    for k in range(remaining):
+        forward_k = k + warmup
+        if not (first and at.chunk(forward_k, True) == 0):
+            handles.wait_receive(Transfer.RECV_PREV)
+        compute, send_next = at.forward(forward_k)
+        recv_prev = at.receives(forward_k, True) and k != remaining - 1
+        ops.append(compute)
+        handles.post(
+            "send_forward_recv_forward", send_next, Transfer.RECV_PREV if recv_prev else None
+        )
+        if not (last and at.chunk(k, False) == vpp - 1):
+            handles.wait_receive(Transfer.RECV_NEXT)
+        compute, send_prev = at.backward(k)
+        ops.append(compute)
+        receive = Transfer.RECV_NEXT if at.receives(k, False) else None
+        handles.post("send_backward_recv_backward", send_prev, receive)
+    if all_warmup and not last:
+        ops.append(P2PCall("recv_backward", (Transfer.RECV_NEXT,)))
+    for k in range(remaining, total):
+        if not (last and at.chunk(k, False) == vpp - 1) and k != 0:
+            handles.wait_receive(Transfer.RECV_NEXT)
+        compute, send_prev = at.backward(k)
+        recv_next = at.receives(k, False) and k != total - 1
+        ops.append(compute)
+        receive = Transfer.RECV_NEXT if recv_next else None
+        ops += filter(None, [p2p_call("send_backward_recv_backward", send_prev, receive)])
+    if handles.send.get("prev") is not None:
+        ops.append(Wait("send_prev", handles.send["prev"]))
+    return ops

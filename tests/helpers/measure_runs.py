@@ -1,0 +1,55 @@
+"""The handbook recipe's profiling runs as the fit sees them, built from known unit costs.
+
+Shared by the tests of the fit, the profile design, the observations and the memory
+calibration: the recipe, its example costs (the truth the fit should give back) and noise-free
+or noisy observations of runs of given layouts (``synthetic_runs`` writes their logs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ray_layout.measure.logs import parse_log
+from ray_layout.measure.observations import RunObservation, observation_from_log
+from ray_layout.model.costs import UnitCosts, load_costs
+from ray_layout.model.layout import Layout
+from ray_layout.model.spec import Recipe, load_recipe_file
+from tests.helpers.synthetic_runs import synthetic_log
+
+HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
+TRUTH = load_costs("configs/costs/handbook_h200_example.json")
+MICROBATCHES = 8
+# The design the tune profiles for the handbook on PP=4 with 32 micro-batches (the quickstart)
+QUICKSTART = ("Et*4|t*6|t*6|mL", "E|t*8|t*7|tmL")
+# Layouts that keep MTP beside the loss: the simulator multiplies an MTP-standalone layout's step
+# by ``mtp_standalone_factor`` (1.12), which the synthetic logs do not print, so the step-time
+# checks use layouts the factor does not touch.
+KEPT = ("Ett|t*6|t*8|mL", "E|t*8|t*8|mL")
+
+
+def observe(
+    texts: Sequence[str],
+    noise_cv: float = 0.0,
+    iterations: int = 8,
+    costs: UnitCosts = TRUTH,
+    recipe: Recipe = HANDBOOK,
+) -> list[RunObservation]:
+    """A run of each layout in ``texts`` under ``costs``, MICROBATCHES each, a seed each."""
+    runs = []
+    for index, text in enumerate(texts):
+        layout = Layout.parse(text, recipe.parallel.pp)
+        log = synthetic_log(
+            recipe.model,
+            recipe.parallel,
+            layout,
+            costs,
+            MICROBATCHES,
+            iterations=iterations,
+            noise_cv=noise_cv,
+            seed=index,
+        )
+        observed = observation_from_log(
+            f"run{index}", parse_log(log), layout, recipe.parallel, MICROBATCHES
+        )
+        runs.append(observed)
+    return runs

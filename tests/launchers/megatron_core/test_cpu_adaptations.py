@@ -1,0 +1,67 @@
+"""megatron-core's CPU adaptations: a known version only, each named with its reason, applied in
+a process of its own (never in the tuner's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from launchers.megatron_core.cpu_adaptations import ADAPTATIONS, KNOWN_VERSIONS, check_version
+from ray_layout.errors import ConfigError
+from tests.helpers.paths import ROOT
+
+
+def test_an_unknown_version_is_refused_in_one_line():
+    with pytest.raises(ConfigError) as refused:
+        check_version("0.17.0")
+    assert "\n" not in str(refused.value) and "0.17.0" in str(refused.value)
+    check_version(sorted(KNOWN_VERSIONS)[0])
+
+
+def test_each_adaptation_has_a_unique_name_and_a_reason():
+    names = [adaptation.name for adaptation in ADAPTATIONS]
+    assert len(set(names)) == len(names) == 8
+    assert all(len(adaptation.reason) > 40 for adaptation in ADAPTATIONS)
+
+
+@pytest.mark.megatron
+def test_applied_in_a_child_process_they_make_the_cuda_calls_cpu_ones():
+    program = (
+        "from launchers.megatron_core.cpu_adaptations import apply_adaptations\n"
+        "names = apply_adaptations()\n"
+        "import torch\n"
+        "from megatron.core.pipeline_parallel import schedules\n"
+        "torch.cuda.synchronize()\n"
+        "assert torch.zeros(1, device=torch.cuda.current_device()).device.type == 'cpu'\n"
+        "assert schedules.torch.zeros([], device='cuda').device.type == 'cpu'\n"
+        "assert torch.ones(1).cuda().device.type == 'cpu'\n"
+        "print(','.join(names))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", program],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().split(",") == [adaptation.name for adaptation in ADAPTATIONS]
+
+
+def test_a_missing_megatron_core_is_one_line(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_megatron(name, *args, **kwargs):
+        if name.startswith("megatron"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_megatron)
+    from launchers.megatron_core.cpu_adaptations import megatron_core_version
+
+    with pytest.raises(ConfigError, match="needs megatron-core installed"):
+        megatron_core_version()

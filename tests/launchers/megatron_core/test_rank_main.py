@@ -1,0 +1,98 @@
+"""The megatron-core rank end to end: real ranks build the layout's stages in megatron-core and
+print a log the product's parser reads (MoE with MTP on 1F1B, VPP 2 and standalone MTP; dense;
+EP 2 with the alltoall dispatcher); bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from launchers.megatron_core.gpt_build import expected_stage
+from launchers.megatron_core.rank_main import BUILT_PREFIX, core_settings, main
+from ray_layout.errors import EXIT_BAD_INPUT
+from ray_layout.measure.logs import parse_log
+from ray_layout.model.layout import Layout
+from tests.helpers.megatron_core_ranks import TINY, core_arguments, run_ranks
+from tests.helpers.paths import ROOT
+
+
+def _built(stderr: str) -> list[tuple[str, list[int]]]:
+    """The stages a rank's built line names: (symbols, decoder layer numbers) per chunk."""
+    line = next(line for line in stderr.splitlines() if line.startswith(BUILT_PREFIX))
+    chunks = line.split(": ", 2)[2].split(" | ")
+    parsed = []
+    for chunk in chunks:
+        symbols, numbers = re.fullmatch(r"(\S*) \[(.*)\]", chunk.strip()).groups()
+        parsed.append((symbols, [int(n) for n in numbers.split(",") if n.strip()]))
+    return parsed
+
+
+def _check_layers(layout: Layout, outputs) -> None:
+    per_stage = len(outputs) // layout.pp  # TP = CP = 1: DP ranks inside each PP rank
+    for output in outputs:
+        assert output.returncode == 0, output.stderr[-2000:]
+        # every blocking call is held off the clock: no rank waited out the compute lock
+        assert "without the compute lock" not in output.stderr
+        pp_rank = output.rank // per_stage
+        expected = [expected_stage(layout, pp_rank, chunk) for chunk in range(layout.vpp)]
+        assert _built(output.stderr) == [(e.symbols, list(e.layer_numbers)) for e in expected]
+
+
+DENSE = ROOT / "configs/tiny_dense.yaml"
+EP2 = ROOT / "configs/tiny_moe_ep2.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.megatron
+@pytest.mark.parametrize(
+    "text, pp, config, world, batch",
+    [
+        ("Ett|t*2mL", 2, TINY, 2, 4),
+        ("Et|tt|t|mL", 2, TINY, 2, 4),
+        ("Ett|ttm|L", 3, TINY, 3, 4),
+        ("Ett|ttL", 2, DENSE, 2, 4),
+        ("Ett|t*2mL", 2, EP2, 4, 8),
+    ],
+    ids=["1f1b-pp2", "vpp2", "standalone-mtp-pp3", "dense-pp2", "ep2-alltoall"],
+)
+def test_each_rank_builds_its_stage_and_the_parser_reads_its_log(
+    tmp_path, text, pp, config, world, batch
+):
+    layout = Layout.parse(text, pp)
+    argv = core_arguments(layout, iterations=2, global_batch=batch, config=config)
+    outputs = run_ranks(argv, world, tmp_path)
+    _check_layers(layout, outputs)
+    last = parse_log(outputs[-1].stdout)
+    assert [record.iteration for record in last.iterations] == [1, 2]
+    assert last.iterations[-1].losses["lm loss"] > 0
+    assert last.skipped_lines == 0
+    timed = {record.timer for record in last.timers}
+    assert {"forward-compute", "backward-compute", "forward-backward", "optimizer"} <= timed
+    assert {record.rank for record in last.timers} == set(range(world))
+    assert not last.unknown_timers
+    assert any(output.stdout.count("memory (MB)") for output in outputs)
+
+
+def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["--num-layers", "4"]) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "RANK" in error
+
+
+def test_a_layout_that_deadlocks_megatron_core_is_refused(monkeypatch, capsys):
+    """MTP on the embedding's PP rank in another virtual stage: one line, before any process
+    group, instead of a hang in megatron-core's embedding all-reduce."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    layout = Layout.parse("Ett|tt|m|L", 2)
+    assert main(core_arguments(layout, iterations=1)) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "deadlock" in error
+
+
+def test_settings_come_from_the_command_line():
+    argv = core_arguments(Layout.parse("Ett|t*2mL", 2), iterations=1)
+    assert core_settings(argv).dispatcher == "alltoall"  # the product's default for MoE

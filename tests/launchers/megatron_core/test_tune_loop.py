@@ -1,0 +1,111 @@
+"""The whole tune loop on the megatron-core backend (across modules): profiling runs of real
+megatron-core ranks on the embedded cluster, the fit of their timers, the plan, a live A/B and the
+report, for the tiny MoE with MTP on PP 3; and the fit of two real runs predicting a third."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ray_layout.measure.store import CostStore
+from tests.helpers.paths import ROOT
+
+
+@pytest.mark.slow
+def test_the_tiny_loop_profiles_fits_plans_ab_tests_and_reports(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ray_layout.tune",
+            "configs/tiny_moe_mtp.yaml",
+            "--pp",
+            "3",
+            "--backend",
+            "megatron-core",
+            "--gpus-per-node",
+            "4",
+            "--profile-iters",
+            "8",
+            "--ab-top",
+            "1",
+            "--ab-warmup",
+            "2",
+            "--ab-batch",
+            "3",
+            "--ab-looks",
+            "2,4",
+            "--store",
+            str(tmp_path / "store"),
+            "--report-dir",
+            str(tmp_path / "report"),
+            "--study",
+            "tiny",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    assert "profiling runs on the megatron-core backend" in out
+    assert re.search(r"t_moe: forward \d+\.\d+ ms", out)
+    measured, predicted = (
+        float(x) for x in re.search(r"Step: measured (\S+) ms, predicted (\S+) ms", out).groups()
+    )
+    print(f"A/B arm: predicted {predicted} ms, measured {measured} ms")
+    assert abs(predicted - measured) / measured < 0.2  # CPU times on shared cores (docs)
+    assert (tmp_path / "report/report.md").exists()
+
+
+def _cli(*argv: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "ray_layout", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def _median_step(store: Path, study: str) -> float:
+    """The median step of a study's only run, past its first two iterations."""
+    iterations = CostStore(store).read("iterations", study=study)
+    return float(iterations[iterations.iteration > 2].elapsed_ms.median())
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="CPU-time costs on 2 shared cores are not yet steady enough: with the compute lock "
+    "this prediction ranged from -14.9% to +9.9% (docs/megatron_core.md); the floor is 10%",
+)
+def test_the_fit_of_two_real_runs_predicts_a_third_layouts_step(tmp_path):
+    """Profile the design's two layouts, fit, simulate a layout never run, then run it: the
+    prediction is close to its measured step (CPU times; docs/megatron_core.md)."""
+    store, base = tmp_path / "store", ["configs/tiny_moe_mtp.yaml", "--pp", "3"]
+    # one GPU per node: the embedded cluster has room for one run at a time, so no run's CPU
+    # times are inflated by another sharing the cores
+    core = ["--backend", "megatron-core", "--gpus-per-node", "1", "--train-iters", "8"]
+    _cli("profile", *base, *core, "--store", str(store), "--study", "fit")
+    costs = tmp_path / "costs.json"
+    _cli("fit", *base, "--store", str(store), "--study", "fit", "-o", str(costs))
+    third = "Et|t*3|mL"
+    simulated = json.loads(
+        _cli("simulate", base[0], third, *base[1:], "--costs", str(costs), "--json")
+    )
+    _cli("profile", *base, *core, "--layout", third, "--store", str(store), "--study", "third")
+    measured = _median_step(store, "third")
+    off = (simulated["mean_ms"] - measured) / measured
+    print(
+        f"{third}: predicted {simulated['mean_ms']:.1f} ms, measured {measured:.1f} ms ({off:+.1%})"
+    )
+    assert abs(off) < 0.10

@@ -1,0 +1,124 @@
+"""What can go wrong, by type: each kind's exit status, and which kinds a caller catches with
+which ``except``."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+
+import pytest
+
+from ray_layout import errors
+from ray_layout.commands.common import Command, execute
+from ray_layout.commands.flags import Settings
+from ray_layout.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    ConfigError,
+    InputError,
+    LayoutError,
+    MeasurementError,
+    RayLayoutError,
+    RunFailure,
+    clipped,
+    quoted,
+)
+
+KINDS = [InputError, ConfigError, LayoutError, MeasurementError, RunFailure]
+
+
+def test_the_exit_statuses_are_the_shells() -> None:
+    """1 for failure, 2 for bad input (as argparse exits on a usage error), 128 + SIGINT when
+    interrupted, as a shell reports a process Ctrl-C stopped."""
+    assert (EXIT_FAILURE, EXIT_BAD_INPUT) == (1, 2)
+    assert EXIT_INTERRUPTED == 128 + signal.SIGINT
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [
+        (RayLayoutError, EXIT_FAILURE),
+        (InputError, EXIT_BAD_INPUT),
+        (ConfigError, EXIT_BAD_INPUT),
+        (LayoutError, EXIT_BAD_INPUT),
+        (MeasurementError, EXIT_BAD_INPUT),
+        (RunFailure, EXIT_FAILURE),
+    ],
+)
+def test_each_kind_exits_with_its_status(kind: type[RayLayoutError], status: int) -> None:
+    assert kind("x").exit_code == status
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_command_line_reports_each_kind_in_one_line_and_exits_with_its_status(
+    kind: type[RayLayoutError], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fail(settings: Settings, console: object) -> None:
+        raise kind("the store at /data\nholds no finished runs")
+
+    command = Command("fail", "fails", Settings, fail)
+    assert execute(command, argparse.Namespace()) == kind.exit_code
+    captured = capsys.readouterr()
+    assert captured.err == "error: the store at /data\\nholds no finished runs\n"
+    assert captured.out == ""
+
+
+def test_a_callers_bug_is_none_of_them() -> None:
+    """It keeps its traceback: the command line does not turn it into an exit status."""
+
+    def fail(settings: Settings, console: object) -> None:
+        raise TypeError("a bug")
+
+    with pytest.raises(TypeError, match="a bug"):
+        execute(Command("fail", "fails", Settings, fail), argparse.Namespace())
+
+
+def test_bad_input_is_a_value_error_and_nothing_else_is() -> None:
+    """Code that validates with ``except ValueError`` still catches a bad config or layout; a
+    measurement that cannot answer, or failed runs, are not the value's fault."""
+    for kind in (InputError, ConfigError, LayoutError):
+        assert issubclass(kind, ValueError)
+    for kind in (MeasurementError, RunFailure, RayLayoutError):
+        assert not issubclass(kind, ValueError)
+
+
+def test_the_kinds_do_not_catch_one_another() -> None:
+    with pytest.raises(ConfigError):
+        try:
+            raise ConfigError("bad")
+        except (LayoutError, MeasurementError, RunFailure):
+            pytest.fail("caught by another kind")
+    assert not issubclass(LayoutError, ConfigError) and not issubclass(ConfigError, LayoutError)
+
+
+def test_every_error_class_of_the_module_is_a_kind_here() -> None:
+    """A new kind must get an exit status and a test row above."""
+    defined = {
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, Exception)
+    }
+    assert defined == {RayLayoutError, *KINDS}
+    assert {kind.exit_code for kind in defined} == {EXIT_FAILURE, EXIT_BAD_INPUT}
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["x" * 10**6, [["y" * 1000] * 1000] * 1000, {str(i): i for i in range(10**5)}, 10**4000],
+    ids=["string", "nested-list", "dict", "int"],
+)
+def test_a_value_is_quoted_in_at_most_80_characters(value: object) -> None:
+    """An alias bomb's list, a 1 MB line: a message shows their start, never all of them."""
+    assert len(quoted(value)) <= 80
+    assert quoted(10**4000) == "a 13288-bit number"
+
+
+def test_a_short_value_is_its_repr_and_text_is_clipped() -> None:
+    assert (quoted("it's"), quoted([1, 2]), quoted(None), quoted(1e-300)) == (
+        '"it\'s"',
+        "[1, 2]",
+        "None",
+        "1e-300",
+    )
+    assert clipped("abc") == "abc" and clipped("a" * 100) == "a" * 79 + "…"
