@@ -22,6 +22,9 @@ from tests.helpers.paths import ROOT
 
 BIN = Path(sys.executable).parent
 HEAD_GPUS = 4
+# each poll is a `ray` CLI process (about a CPU-second): polled often, it takes the cores the
+# job's ranks need
+POLL_S = 5.0
 
 
 def free_port() -> int:
@@ -90,7 +93,7 @@ def submit(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.C
         done = ray_cli("job", "submit", *args, env=env, timeout=timeout)
         if "No available agent" not in done.stdout + done.stderr or time.monotonic() > deadline:
             return done
-        time.sleep(2.0)
+        time.sleep(POLL_S)
 
 
 def entrypoint(tmp_path: Path) -> list[str]:
@@ -126,7 +129,7 @@ def wait_for_job(address: str, job: str, env: dict[str, str], timeout_s: float) 
     while (status := job_status(address, job, env)) in ("PENDING", "RUNNING", "UNKNOWN"):
         if time.monotonic() - started > timeout_s:
             break
-        time.sleep(2.0)
+        time.sleep(POLL_S)
     logs = ray_cli("job", "logs", "--address", address, job, env=env).stdout
     ran = time.monotonic() - started
     assert status == "SUCCEEDED", f"job {job} {status} after {ran:.0f} s:\n{logs[-4000:]}"
@@ -146,7 +149,7 @@ def test_submit_stop_and_resubmit_a_tune_job(ray_head, tmp_path):
                                          env=env).stdout):  # fmt: skip
         assert job_status(address, "tune-1", env) in ("PENDING", "RUNNING"), logs
         assert time.monotonic() < deadline, logs
-        time.sleep(2.0)
+        time.sleep(POLL_S)
     assert f"joined {address.split('//')[1].split(':')[0]}" in logs or "cluster: joined" in logs
     assert ray_cli("job", "stop", "--address", address, "tune-1", env=env).returncode == 0
     deadline = time.monotonic() + 60

@@ -1,7 +1,10 @@
 """One rank's process, owned by a Ray actor on the rank's GPU so that it dies with the actor.
 
 The process is a child of its actor (never detached), started with the actor's environment plus
-the rank's variables and unbuffered Python output (for timely heartbeats).  The actor keeps its
+the rank's variables and unbuffered Python output (for timely heartbeats), at its node launcher's
+niceness: Ray starts workers at nice 15, and a rank left there loses its cores to any nice-0
+process on the node (its kernel launches and communication threads included), which a rank that
+``torchrun`` started never would.  The actor keeps its
 output in memory, never in a file: while it runs, the lines the driver asks about (the tail, the
 first line of each failure class, Megatron's iteration lines for live watching); at the end, the
 whole log parsed on this node (:meth:`RankProcess.finish`), returned through Ray, so the driver
@@ -14,6 +17,7 @@ import collections
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -71,6 +75,9 @@ class RankProcess:
             )
         except OSError as exc:
             raise ConfigError(f"cannot launch {argv[0]!r}: {exc.strerror}") from None
+        kept = take_niceness(self._proc.pid, launcher_niceness())
+        if kept:
+            print(f"{name}: {kept}", file=sys.stderr)
         self._started = self._last_beat = time.monotonic()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -144,3 +151,28 @@ class RankProcess:
         self._proc.wait()
         with self._lock:
             self._exited = self._exited or time.monotonic()
+
+
+def launcher_niceness() -> int:
+    """The niceness of the process that started this worker (the node's raylet), which is what
+    a rank started by hand on the node would have."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, os.getppid())
+    except OSError:
+        return 0
+
+
+def take_niceness(pid: int, niceness: int) -> str | None:
+    """Lower process ``pid``'s niceness to ``niceness`` (a higher one is left alone); why not,
+    when the process may not (raising a priority needs CAP_SYS_NICE)."""
+    current = os.getpriority(os.PRIO_PROCESS, pid)
+    if current <= niceness:
+        return None
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, niceness)
+    except PermissionError:
+        return (
+            f"runs at nice {current} (Ray's worker niceness), not {niceness} as started by hand: "
+            "raising a priority needs CAP_SYS_NICE, so other processes on the node come first"
+        )
+    return None

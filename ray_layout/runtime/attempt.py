@@ -11,6 +11,7 @@ processes (SIGTERM, then SIGKILL), kills the actors and removes the placement gr
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -45,6 +46,9 @@ from ray_layout.runtime.run_spec import RunResult, RunSpec, Watch, attempt_id
 _POLL_S = 0.25  # how often the driver asks every rank for its progress
 _RPC_TIMEOUT_S = 30.0  # longest wait for one answer of a live actor
 _SETTLE_S = 2.0  # after a rank fails, how long its peers get to print why they fail too
+_PLACEMENT_NOTE_S = (120.0, 300.0)  # say a run still waits for its GPUs after this, then every
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,11 @@ def run_attempt(
     actors: list[Any] = []
     try:
         wait = spec.policy.placement_timeout_s
-        if not _placed(pg, wait, attempt.cancel):
+        shape = f"{'+'.join(map(str, bundles))} GPUs on {len(bundles)} nodes"
+        if not _placed(pg, wait, attempt.cancel, f"{attempt.run_id}: {shape}"):
             if attempt.cancel.is_set():
                 return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
-            shape = "+".join(map(str, bundles))
-            error = f"{shape} GPUs on {len(bundles)} nodes not placed within {wait:g} s"
+            error = f"{shape} not placed within {wait:g} s"
             return attempt.result(FailureClass.INFEASIBLE_PLACEMENT, error)
         actors = _create_actors(spec, pg, bundles, attempt.run_id)
         return _launch_and_watch(attempt, actors, rank_env)
@@ -141,15 +145,26 @@ def _get(refs: list[Any], timeout_s: float, cancel: threading.Event) -> list[Any
     raise _Cancelled
 
 
-def _placed(pg: PlacementGroup, timeout_s: float, cancel: threading.Event) -> bool:
-    """Wait for the group to be placed, giving up at the timeout or when cancelled."""
+def _placed(pg: PlacementGroup, timeout_s: float, cancel: threading.Event, what: str) -> bool:
+    """Wait for the group to be placed, giving up at the timeout or when cancelled; a long wait
+    is said (``what`` names the run and its GPUs), with the cluster's free GPUs."""
     ready = pg.ready()
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline, note_at = started + timeout_s, started + _PLACEMENT_NOTE_S[0]
     while not cancel.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             return False
-        done, _ = ray.wait([ready], timeout=min(left, _POLL_S * 4))
+        if now >= note_at:
+            note_at = now + _PLACEMENT_NOTE_S[1]
+            free = ray.available_resources().get("GPU", 0.0)
+            logger.warning(
+                "%s: still waiting for them after %.0f s (%g GPUs free on the cluster now)",
+                what,
+                now - started,
+                free,
+            )
+        done, _ = ray.wait([ready], timeout=min(deadline - now, _POLL_S * 4))
         if done:
             return True
     return False

@@ -20,12 +20,14 @@ import ray
 from ray_layout.measure.ingest import runs_row as shared_runs_row
 from ray_layout.measure.store import CostStore
 from ray_layout.runtime.attempt import run_attempt
-from ray_layout.runtime.failures import RETRIED
+from ray_layout.runtime.failures import RETRIED, FailureClass
 from ray_layout.runtime.outputs import write_logs
 from ray_layout.runtime.placement import RankEnv, megatron_rank_env
 from ray_layout.runtime.run_spec import RunResult, RunSpec, Watch
 
 logger = logging.getLogger(__name__)
+# a run that ends otherwise is said as it ends (a job log has no bars to show it)
+_SAID_BY_THE_CALLER = frozenset({None, FailureClass.EARLY_STOP, FailureClass.CANCELLED})
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ def attempts(
             result = replace(result, log_paths=paths)
         yield Attempted(result, started, time.time())
         if result.failure_class not in RETRIED or number > retries:
+            if result.failure_class not in _SAID_BY_THE_CALLER:
+                logger.warning("%s: %s (%s)", result.run_id, result.failure_class, result.error)
             return
         logger.warning("%s: %s (%s), retrying", result.run_id, result.failure_class, result.error)
 

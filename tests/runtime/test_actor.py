@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from ray_layout.errors import ConfigError
 from ray_layout.measure.log_format import iteration_line
-from ray_layout.runtime.actor import RankProcess
+from ray_layout.runtime.actor import RankProcess, launcher_niceness, take_niceness
 from ray_layout.runtime.failures import MAX_LINE
 from tests.helpers.runtime_processes import alive, wait_for
 
@@ -120,3 +121,24 @@ def test_the_free_port_can_be_bound() -> None:
     port = RankProcess().free_port()
     with socket.socket() as sock:
         sock.bind(("", port))
+
+
+def test_a_rank_started_by_a_niced_worker_gets_its_launchers_niceness() -> None:
+    """Ray's workers run at nice 15; the rank is put back to what its launcher has."""
+    child = subprocess.Popen(["nice", "-n", "10", "sleep", "30"])
+    try:
+        wait_for(lambda: os.getpriority(os.PRIO_PROCESS, child.pid) == 10, 5.0)
+        kept = take_niceness(child.pid, 0)
+        if kept is None:
+            assert os.getpriority(os.PRIO_PROCESS, child.pid) == 0
+        else:  # no CAP_SYS_NICE here: the rank stays niced and says why
+            assert kept.startswith("runs at nice 10") and "CAP_SYS_NICE" in kept
+        assert take_niceness(child.pid, 19) is None  # never made nicer than it is
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) <= 10
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_the_launchers_niceness_is_the_parent_processes() -> None:
+    assert launcher_niceness() == os.getpriority(os.PRIO_PROCESS, os.getppid())

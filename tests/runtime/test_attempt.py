@@ -4,13 +4,16 @@ launched and watched attempts run end to end in test_runs.py."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 import ray
 
 from ray_layout.model.spec import ParallelConfig
+from ray_layout.runtime import attempt as attempt_module
 from ray_layout.runtime.attempt import _Attempt, _Cancelled, _get, _placed, run_attempt
 from ray_layout.runtime.failures import RankStatus
 from ray_layout.runtime.placement import megatron_rank_env
@@ -56,4 +59,29 @@ def test_a_cancelled_attempt_stops_waiting_for_actors_and_placement() -> None:
         def ready(self) -> None:
             return None
 
-    assert _placed(Group(), timeout_s=60.0, cancel=cancel) is False
+    assert _placed(Group(), timeout_s=60.0, cancel=cancel, what="run: 4 GPUs") is False
+
+
+def test_a_long_wait_for_placement_is_said_with_the_free_gpus(monkeypatch, caplog) -> None:
+    """A job log has no bar: a run that waits for its GPUs says so, then gives up at the
+    timeout."""
+
+    def never_ready(refs: list, timeout: float) -> tuple[list, list]:
+        time.sleep(timeout)
+        return [], refs
+
+    monkeypatch.setattr(attempt_module.ray, "wait", never_ready)
+    monkeypatch.setattr(attempt_module.ray, "available_resources", lambda: {"GPU": 2.0})
+    monkeypatch.setattr(attempt_module, "_PLACEMENT_NOTE_S", (0.05, 0.1))
+    monkeypatch.setattr(attempt_module, "_POLL_S", 0.01)
+
+    class Group:
+        def ready(self) -> str:
+            return "ready ref"
+
+    with caplog.at_level(logging.WARNING):
+        assert _placed(Group(), 0.5, threading.Event(), "run-x: 4 GPUs on 1 nodes") is False
+    said = [r.getMessage() for r in caplog.records]
+    assert 2 <= len(said) <= 5
+    assert said[0].startswith("run-x: 4 GPUs on 1 nodes: still waiting for them after 0 s")
+    assert all(line.endswith("(2 GPUs free on the cluster now)") for line in said)

@@ -229,7 +229,7 @@ def test_tp_larger_than_a_node_is_invalid_config_before_launch(ray_cluster, tmp_
     assert "TP=8 groups do not fit in nodes" in result.error
 
 
-def test_an_unplaceable_run_is_infeasible_placement_at_once(ray_cluster, tmp_path):
+def test_an_unplaceable_run_is_infeasible_placement_at_once(ray_cluster, tmp_path, caplog):
     store = CostStore(tmp_path / "store")
     spec = make_spec(
         tmp_path, "ok", "huge", parallel=ParallelConfig(dp=20), placement_timeout_s=1.0,
@@ -244,6 +244,8 @@ def test_an_unplaceable_run_is_infeasible_placement_at_once(ray_cluster, tmp_pat
         1,
     )
     assert result.error == "4+4+4+4+4 GPUs on 5 nodes not placed within 1 s"
+    said = [r.getMessage() for r in caplog.records if r.name == "ray_layout.runtime.runs"]
+    assert said == [f"{result.run_id}: infeasible-placement ({result.error})"]  # as it ends
     assert store.read("runs", "test").failure_class.tolist() == ["infeasible-placement"]
     assert_cleaned_up(tmp_path, spec, result)
 
