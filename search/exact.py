@@ -268,7 +268,7 @@ class _Tree:
                     stage,
                     mtp_item,
                     space.allow_standalone_mtp,
-                    (space.vpp - 1) * space.pp,
+                    space.first_mtp_stage,
                 )
             )
             for stage in range(self.stages)
@@ -345,8 +345,7 @@ def _cut_bounds(
     if relaxation is not None and relaxation.mixed is not None:
         cuts.append(relaxation.mixed)
     mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
-    last_chunk_start = (space.vpp - 1) * space.pp
-    bounds = CutBounds(cuts, sums, mtp_item, space.allow_standalone_mtp, last_chunk_start)
+    bounds = CutBounds(cuts, sums, mtp_item, space.allow_standalone_mtp, space.first_mtp_stage)
     return bounds, relaxation
 
 

@@ -25,7 +25,7 @@ def allowed(space: LayoutSpace, cuts: np.ndarray) -> bool:
     if not space.mtp_num_layers:
         return True
     mtp_stage = int((cuts <= space.num_layers + 1).sum())
-    if mtp_stage < (space.vpp - 1) * space.pp:
+    if mtp_stage < space.first_mtp_stage:
         return False
     return space.allow_standalone_mtp or mtp_stage == space.num_stages - 1
 

@@ -106,7 +106,12 @@ def combine(cuts: list[PathCut], weights: np.ndarray) -> PathCut:
 
 
 def allowed_ends(
-    stages: int, items: int, stage: int, mtp_item: int | None, standalone: bool, last_chunk: int
+    stages: int,
+    items: int,
+    stage: int,
+    mtp_item: int | None,
+    standalone: bool,
+    first_mtp_stage: int,
 ) -> np.ndarray:
     """(items + 1,) which item a stage may end at (the exact search's own rules)."""
     ends = np.zeros(items + 1, dtype=bool)
@@ -114,7 +119,7 @@ def allowed_ends(
         ends[items] = True
         return ends
     ends[1 : items - (stages - 1 - stage) + 1] = True
-    if mtp_item is not None and (not standalone or stage < last_chunk):
+    if mtp_item is not None and (not standalone or stage < first_mtp_stage):
         ends[mtp_item + 1 :] = False
     return ends
 
@@ -130,7 +135,7 @@ def stage_costs(cut: PathCut, stage: int, sums: ItemSums) -> np.ndarray:
 
 
 def least_completions(
-    cut: PathCut, sums: ItemSums, mtp_item: int | None, standalone: bool, last_chunk: int
+    cut: PathCut, sums: ItemSums, mtp_item: int | None, standalone: bool, first_mtp_stage: int
 ) -> np.ndarray:
     """(S + 1, items + 1): the least length of the path's part in stages k.. when stage k
     starts at item a, over every completion (inf where none exists)."""
@@ -141,7 +146,7 @@ def least_completions(
     for stage in range(stages - 1, -1, -1):
         table = stage_costs(cut, stage, sums) + best[stage + 1][None, :]
         valid = (ends > starts) & allowed_ends(
-            stages, n - 1, stage, mtp_item, standalone, last_chunk
+            stages, n - 1, stage, mtp_item, standalone, first_mtp_stage
         )[None, :]
         best[stage] = np.where(valid, table, np.inf).min(axis=1)
     return best
@@ -156,12 +161,12 @@ class CutBounds:
         sums: ItemSums,
         mtp_item: int | None,
         standalone: bool,
-        last_chunk: int,
+        first_mtp_stage: int,
     ):
         stages = len(cuts[0].forward)
         self.costs = np.array([[stage_costs(cut, s, sums) for s in range(stages)] for cut in cuts])
         self.least = np.array(
-            [least_completions(cut, sums, mtp_item, standalone, last_chunk) for cut in cuts]
+            [least_completions(cut, sums, mtp_item, standalone, first_mtp_stage) for cut in cuts]
         )
         self.constant = np.array([cut.constant_ms for cut in cuts])[:, None]
 

@@ -124,7 +124,7 @@ def _polytope(space: LayoutSpace, sums: ItemSums) -> _Polytope:
     if mtp_item is not None:
         mtp_run = int(np.searchsorted(first_item, mtp_item))
         last_free = (
-            space.num_stages - 1 if not space.allow_standalone_mtp else ((space.vpp - 1) * space.pp)
+            space.num_stages - 1 if not space.allow_standalone_mtp else space.first_mtp_stage
         )
         for k in range(min(last_free, cuts)):
             bounds[var(mtp_run, k)] = (0.0, 0.0)
@@ -248,7 +248,7 @@ def relax(
     # valid for any weights, whatever the solver's tolerances
     mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
     least = least_completions(
-        mixed, sums, mtp_item, space.allow_standalone_mtp, (space.vpp - 1) * pp
+        mixed, sums, mtp_item, space.allow_standalone_mtp, space.first_mtp_stage
     )
     bound = float(least[0, 0]) + mixed.constant_ms
     return Relaxation(bound, lp, upper, mixed, len(paths), done, converged)

@@ -3,10 +3,11 @@ enumeration.
 
 A valid layout is the sequence ``E t^N m^K L`` cut into PP x VPP contiguous stages, with all MTP
 layers in one stage that sits in the last virtual chunk of its rank (Megatron's rules, see
-``ray_layout.model.layout.validate``).  Treating ``m^K`` as one block, a layout is a choice of cut
-points between the items ``E, t_1..t_N, M, L``: the enumeration walks those choices with
-``itertools`` and the count runs a dynamic programme over (item, stage), so the two are
-independent and can check each other.
+``ray_layout.model.layout.validate``), and not PP rank 0's with VPP > 1, which megatron-core
+0.16.1 accepts but cannot build (``ray_layout.model.layout.build_problem``).  Treating ``m^K``
+as one block, a layout is a choice of cut points between the items ``E, t_1..t_N, M, L``: the
+enumeration walks those choices with ``itertools`` and the count runs a dynamic programme over
+(item, stage), so the two are independent and can check each other.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from functools import cached_property
 import numpy as np
 
 from ray_layout.errors import LayoutError
-from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout, format_stages
+from ray_layout.model.layout import (
+    DECODER,
+    EMBEDDING,
+    LOSS,
+    MTP,
+    Layout,
+    first_mtp_stage,
+    format_stages,
+)
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 
@@ -48,6 +57,7 @@ class LayoutSpace:
     allow_empty_stages: bool = False
     allow_standalone_mtp: bool = False
     require_placement: bool = True
+    tied_embeddings: bool = True  # Megatron's default; where MTP may stand alone (build_problem)
 
     @classmethod
     def of(
@@ -66,6 +76,7 @@ class LayoutSpace:
             parallel.vpp,
             allow_empty_stages=allow_empty_stages,
             allow_standalone_mtp=allow_standalone_mtp,
+            tied_embeddings=not model.untie_embeddings_and_output_weights,
         )
 
     def __post_init__(self) -> None:
@@ -87,15 +98,22 @@ class LayoutSpace:
     def _mtp_item(self) -> int | None:
         return self.num_layers + 1 if self.mtp_num_layers else None
 
+    @property
+    def first_mtp_stage(self) -> int:
+        """The first flat stage the MTP block may sit in (Megatron's rule, and what
+        megatron-core 0.16.1 builds: ``ray_layout.model.layout.build_problem``)."""
+        return first_mtp_stage(self.pp, self.vpp, tied_embeddings=self.tied_embeddings)
+
     def _mtp_stage_allowed(self, stage: int) -> tuple[bool, bool]:
         """(valid, standalone) for the MTP block sitting in flat stage ``stage``."""
-        valid = stage >= (self.vpp - 1) * self.pp
+        valid = stage >= self.first_mtp_stage
         standalone = stage != self.num_stages - 1
         return valid, standalone
 
     @classmethod
     def holding(cls, layout: Layout) -> tuple[LayoutSpace, np.ndarray]:
-        """The widest space that contains ``layout`` (everything megatron-core accepts), and
+        """The widest space that contains ``layout`` (everything megatron-core accepts, built
+        untied), and
         the layout's cut points in it: stage boundaries in items, the MTP block one item."""
         flat = layout.flat
         mtp = flat.count(MTP)
@@ -107,6 +125,7 @@ class LayoutSpace:
             allow_empty_stages=True,
             allow_standalone_mtp=True,
             require_placement=False,
+            tied_embeddings=False,
         )
         bounds = np.cumsum([len(s) for s in layout.stages])[:-1]
         mtp_start = flat.find(MTP) if mtp else len(flat)
@@ -184,7 +203,7 @@ class LayoutSpace:
             block = block.reshape(len(block), self.num_stages - 1)
             if self._mtp_item is not None:
                 mtp_stage = (block <= self._mtp_item).sum(axis=1)
-                valid = mtp_stage >= (self.vpp - 1) * self.pp
+                valid = mtp_stage >= self.first_mtp_stage
                 if not self.allow_standalone_mtp:
                     valid &= mtp_stage == self.num_stages - 1
                 block = block[valid]

@@ -9,12 +9,13 @@ the layout language, for tests to hold against the layout.  Training is in fp32 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from launchers.emulated.config import RunConfig
 from ray_layout.errors import ConfigError
-from ray_layout.model.layout import Layout
+from ray_layout.model.layout import MTP, Layout, build_problem
 from ray_layout.model.spec import ModelSpec
 
 
@@ -174,30 +175,27 @@ def expected_stage(layout: Layout, pp_rank: int, chunk: int) -> BuiltStage:
     return BuiltStage(symbols, tuple(range(before + 1, before + layers + 1)))
 
 
-def embedding_all_reduces(layout: Layout, tied: bool) -> dict[int, int]:
-    """How many times each PP rank of the embedding group all-reduces the shared embedding while
-    its chunks are built (megatron-core 0.16.1, ``LanguageModule._is_in_embd_group``): a chunk
-    with MTP always does; otherwise the first rank's first chunk and the last rank's last chunk.
-    The ranks must agree, or the build deadlocks."""
-    counts: dict[int, int] = {}
-    last = layout.pp - 1
-    for rank in range(layout.pp):
-        for chunk, stage in enumerate(layout.rank_chunks(rank)):
-            mtp = "m" in stage
-            first_or_last = (rank == 0 and chunk == 0) or (rank == last and chunk == layout.vpp - 1)
-            if mtp or (tied and first_or_last and ("E" in stage or "L" in stage)):
-                counts[rank] = counts.get(rank, 0) + 1
-    return counts
+def embedding_group(pp_ranks: Sequence[int], layout: Layout, *, tied_embeddings: bool) -> list[int]:
+    """``pretrain_gpt.py``'s ``get_embedding_ranks`` for the global ranks of one pipeline: the
+    first, the last where the embeddings are tied, and every rank holding MTP (megatron-core's
+    default, the first and the last, would leave a middle MTP rank's embedding copy unsynced and
+    hang untied MTP on rank 0 with VPP)."""
+    if len(pp_ranks) == 1:
+        return [pp_ranks[0]]
+    ranks = {pp_ranks[0]}
+    if tied_embeddings:
+        ranks.add(pp_ranks[-1])
+    ranks.update(
+        pp_ranks[rank]
+        for rank in range(layout.pp)
+        if any(MTP in chunk for chunk in layout.rank_chunks(rank))
+    )
+    return sorted(ranks)
 
 
-def check_buildable(layout: Layout, tied: bool) -> None:
-    """Refuse a layout megatron-core 0.16.1 cannot build without deadlocking: one whose
-    embedding-group ranks all-reduce the shared embedding a different number of times (MTP in
-    another virtual stage of the embedding's or the output layer's PP rank)."""
-    counts = embedding_all_reduces(layout, tied)
-    if len(set(counts.values())) > 1 and layout.pp > 1:
-        per_rank = ", ".join(f"PP rank {rank}: {n}" for rank, n in sorted(counts.items()))
-        raise ConfigError(
-            f"layout {layout} does not build in megatron-core 0.16.1: its embedding-group ranks "
-            f"all-reduce the shared embedding unequally while building ({per_rank}) and deadlock"
-        )
+def check_buildable(layout: Layout, *, tied_embeddings: bool) -> None:
+    """Refuse, before any process group, a layout megatron-core 0.16.1 cannot build
+    (``ray_layout.model.layout.build_problem``)."""
+    problem = build_problem(layout, tied_embeddings=tied_embeddings)
+    if problem:
+        raise ConfigError(problem)

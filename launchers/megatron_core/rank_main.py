@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import partial
 from typing import Any, NoReturn
 
 from launchers.emulated.config import RunConfig, run_config
@@ -14,7 +15,7 @@ from launchers.emulated.environment import NODE_ENV, PROFILE_ENV, env_int
 from launchers.emulated.hardware import BUNDLED_PROFILE, HardwareProfile, load_profile
 from launchers.megatron import ARGUMENTS_SOURCE
 from launchers.megatron_core.compute_lock import START_PATIENCE_S, ComputeLock, default_lock_path
-from launchers.megatron_core.gpt_build import CoreSettings, check_buildable
+from launchers.megatron_core.gpt_build import CoreSettings, check_buildable, embedding_group
 from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, InputError
 from ray_layout.model.megatron_args import megatron_flag_table, parse_flags
 
@@ -32,7 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"RANK {rank} is not below WORLD_SIZE {world_size}")
         run = run_config(argv, world_size)
         settings = core_settings(argv)
-        check_buildable(run.layout, tied=not run.model.untie_embeddings_and_output_weights)
+        tied = not run.model.untie_embeddings_and_output_weights
+        check_buildable(run.layout, tied_embeddings=tied)
         profile = load_profile(os.environ.get(PROFILE_ENV, BUNDLED_PROFILE))
         node = env_int(NODE_ENV, rank // profile.costs.gpus_per_node)
         lock = ComputeLock(default_lock_path())
@@ -95,6 +97,11 @@ def connect(run: RunConfig, rank: int, world_size: int) -> None:
         context_parallel_size=p.cp,
         expert_model_parallel_size=p.ep,
         expert_tensor_parallel_size=p.etp,
+        get_embedding_ranks=partial(
+            embedding_group,
+            layout=run.layout,
+            tied_embeddings=not run.model.untie_embeddings_and_output_weights,
+        ),
     )
     torch.manual_seed(run.seed + 100 * parallel_state.get_pipeline_model_parallel_rank())
 

@@ -28,7 +28,7 @@ from ray_layout.measure.design import profile_design
 from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_from_flops
-from ray_layout.model.layout import Layout, validate
+from ray_layout.model.layout import Layout, validate_buildable
 from ray_layout.model.spec import MAX_PARALLEL_SIZE
 from ray_layout.runtime.policy import RunPolicy
 
@@ -150,7 +150,8 @@ def _layouts(settings: ProfileSettings, recipe) -> list[Layout]:
         return list(profile_design(model, parallel, microbatches, guess).layouts)
     layouts = [Layout.parse(text, parallel.pp) for text in settings.layout]
     for layout in layouts:
-        validate(layout, model.num_layers, model.mtp_num_layers)
+        tied = not model.untie_embeddings_and_output_weights
+        validate_buildable(layout, model.num_layers, model.mtp_num_layers, tied_embeddings=tied)
     return layouts
 
 

@@ -22,7 +22,7 @@ from ray_layout.commands.searching import (
 )
 from ray_layout.commands.validate import LAYOUT_HELP
 from ray_layout.errors import ConfigError
-from ray_layout.model.layout import Layout, validate
+from ray_layout.model.layout import Layout, validate_buildable
 from ray_layout.report.plots import draw_timeline
 from search.planner import Problem, simulate_given
 
@@ -49,7 +49,9 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
         layout, source = config_layout(recipe)
     else:
         layout, source = Layout.parse(settings.layout, recipe.parallel.pp), "given"
-    validate(layout, recipe.model.num_layers, recipe.model.mtp_num_layers)
+    model = recipe.model
+    tied = not model.untie_embeddings_and_output_weights
+    validate_buildable(layout, model.num_layers, model.mtp_num_layers, tied_embeddings=tied)
     given_vpp = settings.parallel.vpp
     if given_vpp is not None and given_vpp != layout.vpp:
         raise ConfigError(

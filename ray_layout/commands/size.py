@@ -11,7 +11,7 @@ from rich.table import Table
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.config_layout import NOTE, config_layout
 from ray_layout.commands.flags import option
-from ray_layout.model.layout import Layout, validate
+from ray_layout.model.layout import Layout, validate_buildable
 from ray_layout.model.sizing import (
     DECODER,
     GIB,
@@ -40,7 +40,12 @@ def _billions(count: float) -> str:
 def size_report(recipe: Recipe, layout: Layout, layout_source: str) -> dict[str, Any]:
     """Everything ``size`` prints, as plain data (the ``--json`` output)."""
     model, parallel = recipe.model, recipe.parallel
-    validate(layout, model.num_layers, model.mtp_num_layers)
+    validate_buildable(
+        layout,
+        model.num_layers,
+        model.mtp_num_layers,
+        tied_embeddings=not model.untie_embeddings_and_output_weights,
+    )
     counts = parameter_count(model)
     units = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
     reference = units.get(DECODER) or units.get("t_moe")

@@ -10,7 +10,13 @@ from rich.console import Console
 from ray_layout.commands.checks import between
 from ray_layout.commands.common import Command, emit, json_flag
 from ray_layout.commands.flags import Settings, argument, option
-from ray_layout.model.layout import Layout, check_interleaving, placement_problems, pretty, validate
+from ray_layout.model.layout import (
+    Layout,
+    check_interleaving,
+    placement_problems,
+    pretty,
+    validate_buildable,
+)
 from ray_layout.model.spec import MAX_LAYERS, MAX_PARALLEL_SIZE
 
 LAYOUT_HELP = "e.g. 'Et*5|t*6|t*5|mL'"
@@ -25,13 +31,21 @@ class ValidateSettings(Settings):
     overlap_p2p_communication: bool = option(
         False, help="Megatron's p2p overlap, which lets VPP run on PP 2"
     )
+    untie_embeddings_and_output_weights: bool = option(
+        False, help="Megatron's flag: where MTP may stand alone with VPP depends on it"
+    )
     as_json: bool = json_flag()
 
 
 def run_validate(settings: ValidateSettings, console: Console) -> None:
     layout = Layout.parse(settings.layout, settings.pp)
     check_interleaving(settings.pp, layout.vpp, settings.overlap_p2p_communication)
-    standalone = validate(layout, settings.num_layers, settings.mtp_layers)
+    standalone = validate_buildable(
+        layout,
+        settings.num_layers,
+        settings.mtp_layers,
+        tied_embeddings=not settings.untie_embeddings_and_output_weights,
+    )
     warnings = placement_problems(layout)
     report = {
         "valid": True,

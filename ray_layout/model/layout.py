@@ -149,6 +149,48 @@ def validate(layout: Layout, num_layers: int, mtp_num_layers: int) -> bool:
     return layout.mtp_standalone
 
 
+def validate_buildable(
+    layout: Layout, num_layers: int, mtp_num_layers: int, *, tied_embeddings: bool
+) -> bool:
+    """:func:`validate`, then refuse what megatron-core 0.16.1 cannot build
+    (:func:`build_problem`): the check for a layout that will run."""
+    standalone = validate(layout, num_layers, mtp_num_layers)
+    problem = build_problem(layout, tied_embeddings=tied_embeddings)
+    if problem:
+        raise LayoutError(problem)
+    return standalone
+
+
+def first_mtp_stage(pp: int, vpp: int, *, tied_embeddings: bool) -> int:
+    """The first flat stage the MTP block may sit in: a rank's last chunk (Megatron's rule); with
+    VPP > 1 and tied embeddings only the last rank's (:func:`build_problem`)."""
+    if tied_embeddings and pp > 1 and vpp > 1:
+        return pp * vpp - 1
+    return (vpp - 1) * pp
+
+
+def build_problem(layout: Layout, *, tied_embeddings: bool) -> str | None:
+    """What megatron-core 0.16.1 accepts but cannot build: with VPP > 1 and tied embeddings, MTP
+    on a rank other than the last.  ``pretrain_gpt.py``'s embedding group is PP rank 0, the last
+    rank when the embeddings are tied, and each rank holding MTP (``get_embedding_ranks``); while
+    a chunk is built it all-reduces the shared embedding over that group when it holds MTP or is
+    rank 0's first or the last rank's last chunk, and on a rank inside the group on every chunk
+    (``LanguageModule.setup_embeddings_and_output_layer``, ``_is_in_embd_group``).  MTP on rank
+    0 makes it call twice against the last rank's once (the build hangs); MTP on a middle rank
+    makes that rank call on chunks that hold no embedding (the build fails)."""
+    if layout.pp == 1 or layout.vpp == 1 or not tied_embeddings:
+        return None
+    mtp_rank = next((r for r in range(layout.pp) if MTP in layout.rank_chunks(r)[-1]), None)
+    if mtp_rank is None or mtp_rank == layout.pp - 1:
+        return None
+    return (
+        f"layout {layout} does not build in megatron-core 0.16.1: with tied embeddings and VPP "
+        f"{layout.vpp}, MTP on PP rank {mtp_rank} makes the embedding group's ranks all-reduce "
+        "the shared embedding unequally while building; put MTP on the last rank's last chunk, "
+        "or untie the embeddings (--untie-embeddings-and-output-weights)"
+    )
+
+
 def placement_problems(layout: Layout) -> list[str]:
     """What Megatron accepts but does not do: it always builds the embedding on PP rank 0,
     chunk 0 and the output layer + loss on the last rank's last chunk, whatever the string says."""

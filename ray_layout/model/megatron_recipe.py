@@ -260,7 +260,10 @@ def _recipe(
     )
     m = recipe.model
     try:
-        current_layout(m.num_layers, m.mtp_num_layers, pp, recipe.parallel.vpp, split)
+        tied = not m.untie_embeddings_and_output_weights
+        current_layout(
+            m.num_layers, m.mtp_num_layers, pp, recipe.parallel.vpp, split, tied_embeddings=tied
+        )
     except LayoutError as exc:
         raise ConfigError(f"{source}: the script's pipeline split: {exc}") from None
     return replace(recipe, split=split)

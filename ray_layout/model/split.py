@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ray_layout.errors import LayoutError
 from ray_layout.model.baselines import megatron_default
-from ray_layout.model.layout import Layout, parse_stages, validate
+from ray_layout.model.layout import Layout, parse_stages, validate_buildable
 
 # Megatron's split flags, by the PipelineSplit field each sets.
 SPLIT_FLAGS = {
@@ -74,18 +74,25 @@ def default_layout(
 
 
 def current_layout(
-    num_layers: int, mtp_num_layers: int, pp: int, vpp: int, split: PipelineSplit
+    num_layers: int,
+    mtp_num_layers: int,
+    pp: int,
+    vpp: int,
+    split: PipelineSplit,
+    *,
+    tied_embeddings: bool,
 ) -> Layout | None:
     """The layout the config runs today, or None where it states no split.
 
-    Raises :class:`LayoutError` naming Megatron's rule where Megatron would refuse the split.
+    Raises :class:`LayoutError` naming Megatron's rule where Megatron would refuse the split, or
+    where megatron-core 0.16.1 could not build it.
     """
     if not split.given:
         return None
     if split.layout is None:
         return default_layout(num_layers, mtp_num_layers, pp, vpp, split)
     layout = Layout.parse(split.layout, pp)
-    validate(layout, num_layers, mtp_num_layers)
+    validate_buildable(layout, num_layers, mtp_num_layers, tied_embeddings=tied_embeddings)
     return layout
 
 

@@ -61,7 +61,7 @@ def test_a_config_that_is_no_script_is_refused():
 
 
 def test_a_script_that_does_not_read_back_as_the_pick_is_not_written(script, tmp_path, monkeypatch):
-    monkeypatch.setattr(tuned_script, "current_layout", lambda *args: None)
+    monkeypatch.setattr(tuned_script, "current_layout", lambda *args, **kwargs: None)
     out = tmp_path / "tuned.sh"
     with pytest.raises(
         ConfigError, match=r"reads back as None, not Et\*5\|t\*6\|t\*5\|mL; nothing"

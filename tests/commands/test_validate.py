@@ -22,6 +22,7 @@ def test_validate_reports_standalone_and_placement(capsys):
         "61",
         "--mtp-layers",
         "1",
+        "--untie-embeddings-and-output-weights",
     )
     assert report["vpp"] == 2 and report["mtp_standalone"] is True
     assert report["layout"] == "Et*3|(tt|)*29m|L"
@@ -70,3 +71,21 @@ def test_interleaving_on_two_stages_needs_overlapping_p2p_as_megatrons_arguments
     err = capsys.readouterr().err
     assert "interleaved schedule (VPP=2) needs PP > 2" in err and err.count("\n") == 1
     assert run_json(capsys, *argv, "--overlap-p2p-communication")["vpp"] == 2
+
+
+def test_a_layout_megatron_core_cannot_build_is_one_line(capsys):
+    """Tied embeddings (Megatron's default), VPP 2 and MTP off the last rank: the build hangs."""
+    argv = [
+        "validate",
+        "Et*3|(tt|)*29,m|L",
+        "--pp",
+        "16",
+        "--num-layers",
+        "61",
+        "--mtp-layers",
+        "1",
+    ]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "does not build in megatron-core 0.16.1" in error
+    assert "MTP on PP rank 14" in error

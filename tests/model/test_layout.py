@@ -11,12 +11,15 @@ from hypothesis import strategies as st
 from ray_layout.errors import LayoutError
 from ray_layout.model.layout import (
     Layout,
+    build_problem,
     expand,
+    first_mtp_stage,
     format_stages,
     parse_stages,
     placement_problems,
     pretty,
     validate,
+    validate_buildable,
 )
 from tests.helpers.megatron_layout_oracle import megatron_verdict
 
@@ -178,3 +181,74 @@ def test_placement_problems_flag_what_megatron_ignores():
 def test_pretty_shows_each_rank_and_chunk():
     text = pretty(Layout.parse("Ett|tt|tt|ttmL", 2))
     assert text.splitlines() == ["PP rank  0: Ett    tt", "PP rank  1: tt     t*2mL"]
+
+
+def embedding_all_reduces_while_building(layout: Layout, tied: bool) -> dict[int, object]:
+    """How often each PP rank of the embedding group all-reduces the shared embedding while its
+    chunks are built ("fails" where it would on a chunk that holds no embedding), read from
+    megatron-core 0.16.1 with MTP present: the group is ``pretrain_gpt.get_embedding_ranks``'s
+    (rank 0, the last rank if tied, the MTP ranks); in ``_is_in_embd_group`` an MTP chunk always
+    calls, the group's first rank on its first chunk, the group's last rank on the pipeline's
+    last chunk, a rank inside the group on every chunk, and a chunk that calls takes its weight
+    from ``GPTModel.shared_embedding_or_output_weight`` (None on a chunk that is neither the
+    first, the last nor MTP's)."""
+    last = layout.pp - 1
+    mtp_ranks = {r for r in range(layout.pp) if any("m" in c for c in layout.rank_chunks(r))}
+    group = sorted({0} | ({last} if tied else set()) | mtp_ranks)
+    counts: dict[int, object] = {}
+    for rank in group:
+        calls = 0
+        for chunk, stage in enumerate(layout.rank_chunks(rank)):
+            if "m" in stage:
+                calls_here = True
+            elif rank == group[0]:
+                calls_here = chunk == 0 and rank == 0
+            elif rank == group[-1]:
+                calls_here = chunk == layout.vpp - 1 and rank == last
+            else:
+                calls_here = True
+            # Megatron builds E on rank 0's first and L on the last rank's last chunk, whatever
+            # the string says (placement_problems)
+            edge = (rank, chunk) in ((0, 0), (last, layout.vpp - 1))
+            if calls_here and not ("m" in stage or edge):
+                counts[rank] = "fails"
+                break
+            calls += calls_here
+        else:
+            counts[rank] = calls
+    return counts if len(group) > 1 else {}
+
+
+@settings(max_examples=800, deadline=None)
+@given(case=_stages_strategy(), tied=st.booleans())
+def test_a_layout_is_refused_to_build_exactly_when_the_embedding_all_reduces_do_not_pair(
+    case, tied
+):
+    """Among the layouts Megatron accepts, ``build_problem`` names exactly those whose
+    embedding-group ranks would call the all-reduce unequally or on a chunk without the weight."""
+    stages, pp, layers, mtp = case
+    layout = Layout(stages, pp)
+    try:
+        validate(layout, layers, mtp)
+    except LayoutError:
+        return
+    counts = embedding_all_reduces_while_building(layout, tied)
+    broken = (pp > 1 and mtp > 0 and len(set(counts.values())) > 1) or "fails" in counts.values()
+    assert (build_problem(layout, tied_embeddings=tied) is not None) == broken
+    if broken:
+        with pytest.raises(LayoutError, match=r"does not build in megatron-core 0\.16\.1"):
+            validate_buildable(layout, layers, mtp, tied_embeddings=tied)
+        mtp_stage = next(s for s, stage in enumerate(stages) if "m" in stage)
+        assert mtp_stage < first_mtp_stage(pp, layout.vpp, tied_embeddings=tied)
+
+
+def test_mtp_off_the_last_rank_with_vpp_and_tied_embeddings_does_not_build():
+    problem = build_problem(Layout.parse("Ett|tt|m|L", 2), tied_embeddings=True)
+    assert "MTP on PP rank 0" in problem and "--untie-embeddings-and-output-weights" in problem
+    assert build_problem(Layout.parse("Ett|tt|m|L", 2), tied_embeddings=False) is None
+    for text, pp in [("Et|tt|t|mL", 2), ("Ett|ttm|L", 3), ("Et*3|t*3mL", 2), ("Ett|mL", 1)]:
+        assert build_problem(Layout.parse(text, pp), tied_embeddings=True) is None
+    stages = [(pp, vpp, tied) for pp, vpp in [(1, 3), (4, 1), (4, 2), (2, 3)] for tied in (1, 0)]
+    assert [first_mtp_stage(pp, vpp, tied_embeddings=tied) for pp, vpp, tied in stages] == [
+        2, 2, 0, 0, 7, 4, 5, 4,
+    ]  # fmt: skip

@@ -87,13 +87,15 @@ def test_only_a_split_that_shapes_the_layers_is_given():
 
 
 def test_the_current_layout_is_the_string_or_megatrons_default_or_none():
-    assert current_layout(8, 0, 2, 1, PipelineSplit()) is None
-    given = current_layout(8, 0, 2, 1, PipelineSplit(layout="Et*3|t*5L"))
+    assert current_layout(8, 0, 2, 1, PipelineSplit(), tied_embeddings=True) is None
+    given = current_layout(8, 0, 2, 1, PipelineSplit(layout="Et*3|t*5L"), tied_embeddings=True)
     assert given == Layout.parse("Et*3|t*5L", 2)
-    shaped = current_layout(8, 0, 2, 1, PipelineSplit(first_stage_layers=3))
+    shaped = current_layout(8, 0, 2, 1, PipelineSplit(first_stage_layers=3), tied_embeddings=True)
     assert [stage.count("t") for stage in shaped.stages] == [3, 5]
     with pytest.raises(LayoutError):
-        current_layout(8, 0, 2, 1, PipelineSplit(layout="Et*3|t*4L"))  # 7 of 8 layers
+        current_layout(
+            8, 0, 2, 1, PipelineSplit(layout="Et*3|t*4L"), tied_embeddings=True
+        )  # 7 of 8 layers
 
 
 @pytest.mark.parametrize(

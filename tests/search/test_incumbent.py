@@ -25,9 +25,12 @@ def test_allowed_cuts_increase_and_keep_the_mtp_block_where_the_space_puts_it():
     assert not allowed(space, np.array([2, 6]))  # M on the middle stage, L alone
     assert allowed(LayoutSpace(4, 1, 3, allow_standalone_mtp=True), np.array([2, 6]))
     assert allowed(LayoutSpace(4, 0, 3), np.array([2, 5]))
-    interleaved = LayoutSpace(4, 1, 2, 2, allow_standalone_mtp=True)
-    assert allowed(interleaved, np.array([1, 2, 6]))  # M on stage 2: rank 0's last chunk
-    assert not allowed(interleaved, np.array([1, 6, 7]))  # M on stage 1: the first chunk
+    untied = LayoutSpace(4, 1, 2, 2, allow_standalone_mtp=True, tied_embeddings=False)
+    assert allowed(untied, np.array([1, 2, 6]))  # M on stage 2: rank 0's last chunk
+    assert not allowed(untied, np.array([1, 6, 7]))  # M on stage 1: the first chunk
+    tied = LayoutSpace(4, 1, 2, 2, allow_standalone_mtp=True)  # megatron-core cannot build it
+    assert not allowed(tied, np.array([1, 2, 6]))
+    assert allowed(tied, np.array([1, 2, 5]))  # M with L on the last rank's last chunk
 
 
 def test_seeds_are_balanced_layouts_of_the_space():

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from ray_layout.errors import LayoutError
-from ray_layout.model.layout import Layout, placement_problems, validate
+from ray_layout.model.layout import Layout, build_problem, placement_problems, validate
 from ray_layout.model.spec import with_parallel
 from search.space import LayoutSpace
 from tests.helpers.megatron_layout_oracle import megatron_verdict
@@ -55,17 +55,22 @@ def megatron_accepted_layouts(layers: int, mtp: int, pp: int, vpp: int) -> set[t
     ("layers", "mtp", "pp", "vpp"),
     [(3, 1, 2, 1), (4, 2, 3, 1), (3, 1, 2, 2), (2, 1, 3, 2), (5, 0, 3, 1), (3, 2, 2, 3)],
 )
-def test_enumeration_is_exactly_what_megatron_accepts(layers, mtp, pp, vpp):
-    oracle = megatron_accepted_layouts(layers, mtp, pp, vpp)
-    widest = LayoutSpace(layers, mtp, pp, vpp, allow_empty_stages=True,
-                         allow_standalone_mtp=True, require_placement=False)  # fmt: skip
+@pytest.mark.parametrize("tied", [True, False])
+def test_enumeration_is_exactly_what_megatron_accepts_and_builds(layers, mtp, pp, vpp, tied):
+    """megatron-core's validator judges what is accepted; of that, what megatron-core 0.16.1
+    builds is ``build_problem``'s (tested against the build's all-reduces in test_layout)."""
+    accepted = megatron_accepted_layouts(layers, mtp, pp, vpp)
+    oracle = {s for s in accepted if build_problem(Layout(s, pp), tied_embeddings=tied) is None}
+    assert (len(oracle) < len(accepted)) == (tied and mtp > 0 and pp > 1 and vpp > 1)
+    widest = LayoutSpace(layers, mtp, pp, vpp, allow_empty_stages=True, allow_standalone_mtp=True,
+                         require_placement=False, tied_embeddings=tied)  # fmt: skip
     ours = [layout.stages for layout in widest]
     assert len(ours) == len(set(ours)) == widest.count().total
     assert set(ours) == oracle
     standalone = {s for s in oracle if megatron_verdict("|".join(s), pp, layers, mtp)[1]}
     assert widest.count().standalone == len(standalone)
 
-    default = LayoutSpace(layers, mtp, pp, vpp)
+    default = LayoutSpace(layers, mtp, pp, vpp, tied_embeddings=tied)
     expected = {s for s in oracle - standalone if all(s) and not placement_problems(Layout(s, pp))}
     assert {layout.stages for layout in default} == expected
     assert default.count().total == len(expected)

@@ -9,7 +9,7 @@ from launchers.emulated.config import run_config
 from launchers.megatron_core.gpt_build import (
     CoreSettings,
     check_buildable,
-    embedding_all_reduces,
+    embedding_group,
     expected_stage,
     transformer_config,
 )
@@ -27,16 +27,22 @@ def test_a_stage_names_its_symbols_and_global_layer_numbers():
     assert expected_stage(layout, 1, 1).symbols == "mL"
 
 
-def test_embedding_all_reduces_per_rank():
-    assert embedding_all_reduces(Layout.parse("Ett|t*2mL", 2), tied=True) == {0: 1, 1: 1}
-    assert embedding_all_reduces(Layout.parse("Ett|ttm|L", 3), tied=True) == {0: 1, 1: 1, 2: 1}
-    assert embedding_all_reduces(Layout.parse("Ett|tt|m|L", 2), tied=True) == {0: 2, 1: 1}
+def test_mtp_off_the_last_rank_with_vpp_and_tied_embeddings_is_refused():
+    with pytest.raises(ConfigError, match="all-reduce the shared embedding unequally"):
+        check_buildable(Layout.parse("Ett|tt|m|L", 2), tied_embeddings=True)
+    check_buildable(Layout.parse("Ett|tt|m|L", 2), tied_embeddings=False)
+    check_buildable(Layout.parse("Et|tt|t|mL", 2), tied_embeddings=True)
+    check_buildable(Layout.parse("Ett|ttm|L", 3), tied_embeddings=True)
 
 
-def test_mtp_beside_the_embedding_in_another_virtual_stage_is_refused():
-    with pytest.raises(ConfigError, match="deadlock"):
-        check_buildable(Layout.parse("Ett|tt|m|L", 2), tied=True)
-    check_buildable(Layout.parse("Et|tt|t|mL", 2), tied=True)
+def test_the_embedding_group_is_pretrain_gpts():
+    """The first rank, the last where tied, and every MTP rank (``get_embedding_ranks``)."""
+    standalone = Layout.parse("Et|t|t|t|m|L", 3)  # MTP on PP rank 1, chunk 1
+    assert embedding_group([0, 4, 8], standalone, tied_embeddings=True) == [0, 4, 8]
+    assert embedding_group([0, 4, 8], standalone, tied_embeddings=False) == [0, 4]
+    assert embedding_group([1, 3], Layout.parse("Ett|t*2mL", 2), tied_embeddings=False) == [1, 3]
+    assert embedding_group([1, 3], Layout.parse("Ett|t*2L", 2), tied_embeddings=False) == [1]
+    assert embedding_group([5], Layout.parse("Et*4mL", 1), tied_embeddings=True) == [5]
 
 
 @pytest.mark.megatron
