@@ -64,6 +64,12 @@ def run_layouts(settings: LayoutsSettings, console: Console) -> None:
             f"{counted.standalone:,} of them MTP-standalone ({standalone_note})",
             highlight=False,
         )
+        if model.mtp_num_layers and space.tied_embeddings and pp > 1 and vpp > 1:
+            console.print(
+                "MTP stays on the last rank: with tied embeddings and VPP > 1, megatron-core "
+                "0.16.1 cannot build it elsewhere (docs/layouts.md)",
+                highlight=False,
+            )
         for text in listed:
             console.print(text, highlight=False, markup=False)
         if listed and counted.total > len(listed):
