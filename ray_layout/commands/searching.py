@@ -24,6 +24,7 @@ from ray_layout.commands.flags import Settings, option
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import (
     FLOPS_TFLOPS,
+    TFLOPS_RANGE,
     UnitCosts,
     costs_from_flops,
     load_costs,
@@ -51,7 +52,7 @@ def tflops_flag() -> Any:
     return option(
         FLOPS_TFLOPS,
         help="achieved bf16 TFLOP/s per GPU that FLOP-derived costs assume",
-        checks=[positive, finite],
+        checks=[finite, between(*TFLOPS_RANGE)],
     )
 
 

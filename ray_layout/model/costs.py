@@ -47,6 +47,8 @@ UNITS = (EMBEDDING, DECODER, DENSE_DECODER, MOE_DECODER, MTP, LOSS)
 ADAM_BYTES_MOVED = GRAD_BYTES + 2 * OPTIMIZER_BYTES + WEIGHT_BYTES
 
 FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed when costs come from FLOPs
+# what a GPU can achieve: below 1 TFLOP/s no accelerator, above 20,000 none yet (B200 FP4 is 9,000)
+TFLOPS_RANGE = (1.0, 20_000.0)
 HBM_GB_PER_S = 3000.0  # achieved HBM bandwidth per GPU for the memory-bound parts of a guess
 
 # Backward over forward of FLOP-derived units.  A decoder layer's backward runs two GEMMs per

@@ -70,7 +70,7 @@ def test_tflops_sets_the_speed_flop_costs_assume(capsys):
     assert "at 200 TFLOP/s per GPU (--tflops)" in captured.err
     compute = sum(json.loads(captured.out)["busy_ms"]), sum(default["busy_ms"])
     assert compute[0] == pytest.approx(2 * compute[1], rel=0.05)  # the embedding is not FLOPs
-    for bad in ("0", "-5", "nan"):
+    for bad in ("0", "-5", "nan", "1e-300", "5e4"):  # past what any GPU achieves
         assert main([*argv, "--tflops", bad]) == 2
         assert capsys.readouterr().err.startswith("error: --tflops must be")
     assert main(["profile-layouts", HANDBOOK, "--pp", "4", "--tflops", "150", "--json"]) == 0
