@@ -10,20 +10,14 @@ from ray_layout.commands.main import main
 from tests.helpers.commands_cli import run_json
 from tests.helpers.megatron_layout_oracle import megatron_verdict
 
+# DeepSeek-V3's shape on PP 16 x VPP 2 with MTP on PP rank 14's last chunk
+DEEPSEEK_STANDALONE = ["validate", "Et*3|(tt|)*29,m|L", "--pp", "16", "--num-layers", "61",
+                       "--mtp-layers", "1"]  # fmt: skip
+
 
 def test_validate_reports_standalone_and_placement(capsys):
-    report = run_json(
-        capsys,
-        "validate",
-        "Et*3|(tt|)*29,m|L",
-        "--pp",
-        "16",
-        "--num-layers",
-        "61",
-        "--mtp-layers",
-        "1",
-        "--untie-embeddings-and-output-weights",
-    )
+    untied = "--untie-embeddings-and-output-weights"  # as DeepSeek-V3 trains
+    report = run_json(capsys, *DEEPSEEK_STANDALONE, untied)
     assert report["vpp"] == 2 and report["mtp_standalone"] is True
     assert report["layout"] == "Et*3|(tt|)*29m|L"
     report = run_json(capsys, "validate", "|Et|t|L", "--pp", "4", "--num-layers", "2")
@@ -75,17 +69,7 @@ def test_interleaving_on_two_stages_needs_overlapping_p2p_as_megatrons_arguments
 
 def test_a_layout_megatron_core_cannot_build_is_one_line(capsys):
     """Tied embeddings (Megatron's default), VPP 2 and MTP off the last rank: the build hangs."""
-    argv = [
-        "validate",
-        "Et*3|(tt|)*29,m|L",
-        "--pp",
-        "16",
-        "--num-layers",
-        "61",
-        "--mtp-layers",
-        "1",
-    ]
-    assert main(argv) == 2
+    assert main(DEEPSEEK_STANDALONE) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "does not build in megatron-core 0.16.1" in error
     assert "MTP on PP rank 14" in error
