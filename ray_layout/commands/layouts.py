@@ -13,6 +13,7 @@ from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.flags import option
 from ray_layout.model.layout import check_interleaving
 from ray_layout.model.spec import check_pipeline_stages
+from search.overlap import overlap_p2p_comm
 from search.space import LayoutSpace
 
 
@@ -31,7 +32,7 @@ class LayoutsSettings(ModelSettings):
 def run_layouts(settings: LayoutsSettings, console: Console) -> None:
     recipe = settings.recipe()
     model, pp, vpp = recipe.model, recipe.parallel.pp, recipe.parallel.vpp
-    check_interleaving(pp, vpp)
+    check_interleaving(pp, vpp, overlap_p2p_comm=overlap_p2p_comm(recipe.megatron_args))
     check_pipeline_stages(pp, vpp, source="--pp, --vpp")
     space = LayoutSpace.of(
         model,
@@ -64,7 +65,8 @@ def run_layouts(settings: LayoutsSettings, console: Console) -> None:
             f"{counted.standalone:,} of them MTP-standalone ({standalone_note})",
             highlight=False,
         )
-        if model.mtp_num_layers and space.tied_embeddings and pp > 1 and vpp > 1:
+        standalone_kept = settings.allow_standalone_mtp and model.mtp_num_layers
+        if standalone_kept and space.tied_embeddings and pp > 1 and vpp > 1:
             console.print(
                 "MTP stays on the last rank: with tied embeddings and VPP > 1, megatron-core "
                 "0.16.1 cannot build it elsewhere (docs/layouts.md)",

@@ -162,7 +162,8 @@ def microbatch_count(recipe: Recipe, given: int | None, group_size: int | None =
             f"forward passes per step, more than the {MAX_SCHEDULE_SLOTS:,} a search simulates; "
             "give fewer micro-batches"
         )
-    check_interleaving(parallel.pp, parallel.vpp, overlap_p2p_comm(recipe.megatron_args))
+    overlap = overlap_p2p_comm(recipe.megatron_args)
+    check_interleaving(parallel.pp, parallel.vpp, overlap_p2p_comm=overlap)
     try:
         compile_schedule(parallel.pp, parallel.vpp, microbatches, group_size)
     except ValueError as exc:

@@ -28,8 +28,8 @@ class ValidateSettings(Settings):
     pp: int = option(checks=[between(1, MAX_PARALLEL_SIZE)])
     num_layers: int = option(checks=[between(1, MAX_LAYERS)])
     mtp_layers: int = option(0, checks=[between(0, MAX_LAYERS)])
-    overlap_p2p_communication: bool = option(
-        False, help="Megatron's p2p overlap, which lets VPP run on PP 2"
+    no_overlap_p2p_communication: bool = option(
+        False, help="Megatron's flag: blocking p2p, without which VPP may run on PP 2"
     )
     untie_embeddings_and_output_weights: bool = option(
         False, help="Megatron's flag: where MTP may stand alone with VPP depends on it"
@@ -39,7 +39,8 @@ class ValidateSettings(Settings):
 
 def run_validate(settings: ValidateSettings, console: Console) -> None:
     layout = Layout.parse(settings.layout, settings.pp)
-    check_interleaving(settings.pp, layout.vpp, settings.overlap_p2p_communication)
+    overlap = not settings.no_overlap_p2p_communication  # Megatron's default overlaps
+    check_interleaving(settings.pp, layout.vpp, overlap_p2p_comm=overlap)
     standalone = validate_buildable(
         layout,
         settings.num_layers,

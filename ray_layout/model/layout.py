@@ -248,7 +248,7 @@ def pretty(layout: Layout) -> str:
     return "\n".join(lines)
 
 
-def check_interleaving(pp: int, vpp: int, overlap_p2p_comm: bool = False) -> None:
+def check_interleaving(pp: int, vpp: int, *, overlap_p2p_comm: bool) -> None:
     """``arguments.py:validate_args``: interleaving needs PP > 2, or PP > 1 with p2p overlap."""
     if vpp > 1 and pp <= (1 if overlap_p2p_comm else 2):
         raise LayoutError(

@@ -61,10 +61,10 @@ def test_interleaving_on_two_stages_needs_overlapping_p2p_as_megatrons_arguments
     """Megatron's ``validate_args``, not its layout class (which takes it): PP 2 with VPP 2."""
     argv = ["validate", "Ett|tt|tt|ttL", "--pp", "2", "--num-layers", "8"]
     assert megatron_verdict("Ett|tt|tt|ttL", 2, 8, 0) == (True, False)
-    assert main(argv) == 2
+    assert run_json(capsys, *argv)["vpp"] == 2  # Megatron's default overlaps p2p
+    assert main([*argv, "--no-overlap-p2p-communication"]) == 2
     err = capsys.readouterr().err
     assert "interleaved schedule (VPP=2) needs PP > 2" in err and err.count("\n") == 1
-    assert run_json(capsys, *argv, "--overlap-p2p-communication")["vpp"] == 2
 
 
 def test_a_layout_megatron_core_cannot_build_is_one_line(capsys):
