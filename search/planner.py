@@ -282,9 +282,13 @@ def current_of(model: ModelSpec, parallel: ParallelConfig, split: PipelineSplit)
     if not split.given:
         return None
     vpp = virtual_pipeline_size(split, model.num_layers, parallel.pp) or parallel.vpp
-    tied = not model.untie_embeddings_and_output_weights
     return current_layout(
-        model.num_layers, model.mtp_num_layers, parallel.pp, vpp, split, tied_embeddings=tied
+        model.num_layers,
+        model.mtp_num_layers,
+        parallel.pp,
+        vpp,
+        split,
+        tied_embeddings=model.tied_embeddings,
     )
 
 

@@ -76,7 +76,7 @@ class LayoutSpace:
             parallel.vpp,
             allow_empty_stages=allow_empty_stages,
             allow_standalone_mtp=allow_standalone_mtp,
-            tied_embeddings=not model.untie_embeddings_and_output_weights,
+            tied_embeddings=model.tied_embeddings,
         )
 
     def __post_init__(self) -> None:

@@ -134,7 +134,7 @@ def build_chunks(run: RunConfig, config: Any) -> list[Any]:
                 post_process=parallel_state.is_pipeline_last_stage(
                     ignore_virtual=False, vp_stage=stage
                 ),
-                share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+                share_embeddings_and_output_weights=model.tied_embeddings,
                 position_embedding_type=model.position_embedding_type,
                 mtp_block_spec=mtp_spec,
                 vp_stage=stage,

@@ -33,8 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"RANK {rank} is not below WORLD_SIZE {world_size}")
         run = run_config(argv, world_size)
         settings = core_settings(argv)
-        tied = not run.model.untie_embeddings_and_output_weights
-        check_buildable(run.layout, tied_embeddings=tied)
+        check_buildable(run.layout, tied_embeddings=run.model.tied_embeddings)
         profile = load_profile(os.environ.get(PROFILE_ENV, BUNDLED_PROFILE))
         node = env_int(NODE_ENV, rank // profile.costs.gpus_per_node)
         lock = ComputeLock(default_lock_path())
@@ -100,7 +99,7 @@ def connect(run: RunConfig, rank: int, world_size: int) -> None:
         get_embedding_ranks=partial(
             embedding_group,
             layout=run.layout,
-            tied_embeddings=not run.model.untie_embeddings_and_output_weights,
+            tied_embeddings=run.model.tied_embeddings,
         ),
     )
     torch.manual_seed(run.seed + 100 * parallel_state.get_pipeline_model_parallel_rank())

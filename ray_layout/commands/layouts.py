@@ -66,7 +66,7 @@ def run_layouts(settings: LayoutsSettings, console: Console) -> None:
             highlight=False,
         )
         standalone_kept = settings.allow_standalone_mtp and model.mtp_num_layers
-        if standalone_kept and space.tied_embeddings and pp > 1 and vpp > 1:
+        if standalone_kept and vpp > 1 and space.first_mtp_stage == space.num_stages - 1:
             console.print(
                 "MTP stays on the last rank: with tied embeddings and VPP > 1, megatron-core "
                 "0.16.1 cannot build it elsewhere (docs/layouts.md)",

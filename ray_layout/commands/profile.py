@@ -150,8 +150,9 @@ def _layouts(settings: ProfileSettings, recipe) -> list[Layout]:
         return list(profile_design(model, parallel, microbatches, guess).layouts)
     layouts = [Layout.parse(text, parallel.pp) for text in settings.layout]
     for layout in layouts:
-        tied = not model.untie_embeddings_and_output_weights
-        validate_buildable(layout, model.num_layers, model.mtp_num_layers, tied_embeddings=tied)
+        validate_buildable(
+            layout, model.num_layers, model.mtp_num_layers, tied_embeddings=model.tied_embeddings
+        )
     return layouts
 
 

@@ -50,8 +50,9 @@ def run_simulate(settings: SimulateSettings, console: Console) -> None:
     else:
         layout, source = Layout.parse(settings.layout, recipe.parallel.pp), "given"
     model = recipe.model
-    tied = not model.untie_embeddings_and_output_weights
-    validate_buildable(layout, model.num_layers, model.mtp_num_layers, tied_embeddings=tied)
+    validate_buildable(
+        layout, model.num_layers, model.mtp_num_layers, tied_embeddings=model.tied_embeddings
+    )
     given_vpp = settings.parallel.vpp
     if given_vpp is not None and given_vpp != layout.vpp:
         raise ConfigError(

@@ -44,7 +44,7 @@ def size_report(recipe: Recipe, layout: Layout, layout_source: str) -> dict[str,
         layout,
         model.num_layers,
         model.mtp_num_layers,
-        tied_embeddings=not model.untie_embeddings_and_output_weights,
+        tied_embeddings=model.tied_embeddings,
     )
     counts = parameter_count(model)
     units = unit_sizes(model, parallel.micro_batch_size, parallel.tp)

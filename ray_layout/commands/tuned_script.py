@@ -65,9 +65,13 @@ def _check_reads_back(settings: ModelSettings, written: str, layout: Layout, out
         try:
             recipe = load_recipe(str(probe), replace(overrides, sizes=sizes))
             m, p = recipe.model, recipe.parallel
-            tied = not m.untie_embeddings_and_output_weights
             got = current_layout(
-                m.num_layers, m.mtp_num_layers, p.pp, p.vpp, recipe.split, tied_embeddings=tied
+                m.num_layers,
+                m.mtp_num_layers,
+                p.pp,
+                p.vpp,
+                recipe.split,
+                tied_embeddings=m.tied_embeddings,
             )
         except InputError as exc:
             raise ConfigError(

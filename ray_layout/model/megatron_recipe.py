@@ -260,9 +260,13 @@ def _recipe(
     )
     m = recipe.model
     try:
-        tied = not m.untie_embeddings_and_output_weights
         current_layout(
-            m.num_layers, m.mtp_num_layers, pp, recipe.parallel.vpp, split, tied_embeddings=tied
+            m.num_layers,
+            m.mtp_num_layers,
+            pp,
+            recipe.parallel.vpp,
+            split,
+            tied_embeddings=m.tied_embeddings,
         )
     except LayoutError as exc:
         raise ConfigError(f"{source}: the script's pipeline split: {exc}") from None

@@ -329,7 +329,7 @@ def stage_sizes(
             else:
                 unit = sizes[symbol]
             if symbol == LOSS:
-                tied_single_stage = pp == 1 and not model.untie_embeddings_and_output_weights
+                tied_single_stage = pp == 1 and model.tied_embeddings
                 if not model.mtp_num_layers:
                     totals[rank] = totals[rank] + final_norm_params(model)
                 if tied_single_stage:

@@ -81,6 +81,11 @@ class ModelSpec:
         return self.swiglu or self.quick_geglu
 
     @property
+    def tied_embeddings(self) -> bool:
+        """The output layer shares the embedding's weights (Megatron's default)."""
+        return not self.untie_embeddings_and_output_weights
+
+    @property
     def num_moe_layers(self) -> int:
         return sum(self.moe_layer_pattern)
 
