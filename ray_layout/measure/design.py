@@ -269,11 +269,14 @@ def profile_design(
         error = np.where(fits, worst_with(chosen), np.inf)
         error[chosen] = np.inf
         best = error.min()
-        if not np.isfinite(best) and len(chosen) >= runs:
-            raise ConfigError(
-                f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
-            )
-        near = np.flatnonzero(error <= best * 1.05)  # as good: take the fastest
+        if np.isfinite(best):
+            near = np.flatnonzero(error <= best * 1.05)  # as good: take the fastest
+        else:  # no one run completes the rank (PP 2 with a dense first layer needs three)
+            near = _raising_rank(designs, chosen, fits)
+            if not len(near):
+                raise ConfigError(
+                    f"no set of layouts on PP={run.pp} identifies all of {', '.join(columns)}"
+                )
         chosen.append(int(near[np.argmin(steps[near])]))
     design = so_far()
     return ProfilePlan(
@@ -285,6 +288,20 @@ def profile_design(
         predicted_ms=tuple(float(scores.noise_free_ms[i]) for i in chosen),
         peak_memory_gib=tuple(float(scores.peak_memory_bytes[i]) / GIB for i in chosen),
     )
+
+
+def _raising_rank(designs: np.ndarray, chosen: list[int], fits: np.ndarray) -> np.ndarray:
+    """The fitting candidates not yet chosen that raise the chosen runs' rank the most (none if
+    no candidate raises it)."""
+    stacked = designs[chosen].reshape(-1, designs.shape[2])
+    base = np.linalg.matrix_rank(stacked)
+    with_each = np.concatenate(
+        [np.broadcast_to(stacked, (len(designs), *stacked.shape)), designs], 1
+    )
+    gained = np.linalg.matrix_rank(with_each) - base
+    gained[chosen] = 0
+    gained[~fits] = 0
+    return np.flatnonzero((gained == gained.max()) & (gained > 0))
 
 
 def _column_costs(unit_ms: dict[str, float], columns: Sequence[str]) -> np.ndarray:

@@ -202,3 +202,15 @@ def test_the_most_runs_on_a_large_model_stay_inside_the_bound():
         tracemalloc.stop()
     assert len(plan.layouts) == 64 and plan.rank == len(plan.columns)
     assert time.perf_counter() - started < 30 and peak < 512 * 2**20
+
+
+def test_pp2_with_a_dense_first_layer_profiles_three_layouts_that_identify_every_unit() -> None:
+    """On PP 2 every pair of layouts leaves E, the dense layer, the MoE layer and m+L one row
+    short (each layout's two rows sum to the same model), so no one added run completes the
+    rank: the design adds the run that raises it, then the one that pins the units best."""
+    recipe = load_recipe("configs/tiny_moe_mtp.yaml", Overrides({}, {"pp": 2}))
+    guess = costs_from_flops(recipe.model, recipe.parallel)
+    plan = profile_design(recipe.model, recipe.parallel, 4, guess)
+    assert plan.columns == ("E", "t_moe", "t_dense", PAIR)
+    assert len(set(plan.layouts)) == 3 and plan.rank == 4
+    assert np.isfinite(plan.worst_relative_error)
