@@ -24,9 +24,9 @@ run: $(STAMP)
 		--profile-iters 8 --study quickstart
 
 # The same loop on real model code: every rank trains megatron-core's own GPTModel on the CPU
-# (a tiny MoE with MTP on PP 3, about two minutes on 2 cores); its times are CPU times.
+# (a tiny MoE with MTP on PP 2, about a minute on 2 cores); its times are CPU times.
 run-megatron-core: $(STAMP)
-	$(BIN)/python -m ray_layout.tune configs/tiny_moe_mtp.yaml --pp 3 --backend megatron-core \
+	$(BIN)/python -m ray_layout.tune configs/tiny_moe_mtp.yaml --pp 2 --backend megatron-core \
 		--gpus-per-node 4 --profile-iters 8 --ab-top 1 --ab-warmup 2 --ab-batch 3 --ab-looks 2,4 \
 		--study megatron-core-quickstart
 

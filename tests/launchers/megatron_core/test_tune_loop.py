@@ -1,6 +1,6 @@
 """The whole tune loop on the megatron-core backend (across modules): profiling runs of real
 megatron-core ranks on the embedded cluster, the fit of their timers, the plan, a live A/B and the
-report, for the tiny MoE with MTP on PP 3; and the fit of two real runs predicting a third."""
+report, for the tiny MoE with MTP on PP 2; and the fit of two real runs predicting a third."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_the_tiny_loop_profiles_fits_plans_ab_tests_and_reports(tmp_path):
             "ray_layout.tune",
             "configs/tiny_moe_mtp.yaml",
             "--pp",
-            "3",
+            "2",
             "--backend",
             "megatron-core",
             "--gpus-per-node",
@@ -55,7 +55,14 @@ def test_the_tiny_loop_profiles_fits_plans_ab_tests_and_reports(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert "profiling runs on the megatron-core backend" in out
-    assert re.search(r"t_moe: forward \d+\.\d+ ms", out)
+    # on PP 2 the embedding always shares a stage with a decoder layer: three runs tell E,
+    # the dense layer and the MoE layer apart
+    assert len(re.findall(r"^  \S+: finished$", out, re.M)) == 3
+    for unit in ("E", "t_moe", "t_dense"):
+        assert re.search(rf"{unit}: forward \d+\.\d+ ms", out)
+    # the pick (the count rule's layout here) against Megatron's default, both run live
+    assert "2 arms of 2 GPUs" in out
+    assert re.search(r"default Ett\|t\*2mL: \d+ iterations", out)
     measured, predicted = (
         float(x) for x in re.search(r"Step: measured (\S+) ms, predicted (\S+) ms", out).groups()
     )
