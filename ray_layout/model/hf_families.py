@@ -18,6 +18,9 @@ gpt-oss without attention biases) it is a one-line error.  The facts behind each
   ``interleave_moe_layer_step``-th layer, the last of each step), a shared expert as wide as
   a routed one, dense layers of ``intermediate_size_mlp``, a parameter-free L2 norm on q and k,
   NoPE layers where ``no_rope_layers`` holds 0 (Megatron's ``--no-rope-freq`` marks them 1).
+  transformers builds the L2 norm on the RoPE layers only; megatron-core's ``--qk-l2-norm``
+  builds it on every layer, and its llama3 RoPE scaling fixes the frequency factors at 1 and 4
+  (Scout's are 1 and 1): the note says where a file differs.
 * MiniMax-M2: every layer MoE, sigmoid routing with a correction bias, QK norm, partial rotary
   (``rotary_dim`` of ``head_dim``).
 """
@@ -174,11 +177,25 @@ def _no_rope_layers(raw: Raw, num_layers: int, source: str) -> list[bool]:
 def _llama4_notes(raw: Raw, model: ModelSpec) -> tuple[str, ...]:
     chunk = raw.get("attention_chunk_size")
     chunked = f"chunked attention ({quoted(chunk)} tokens on its RoPE layers) and " if chunk else ""
-    vision = "; its vision encoder is not read" if raw.get("vision_config") else ""
-    return (
-        f"{model.name}: {chunked}the attention temperature of its NoPE layers have no Megatron "
-        f"core_v0.16.1 flag: they train, and FLOPs count them, as full causal attention{vision}",
-    )
+    parts = [
+        f"{chunked}the attention temperature of its NoPE layers have no Megatron core_v0.16.1 "
+        "flag: they train, and FLOPs count them, as full causal attention"
+    ]
+    no_rope = _no_rope_layers(raw, model.num_layers, "config")
+    if boolean(raw, "use_qk_norm", "config", default=True) and any(no_rope):
+        parts.append(
+            f"its L2 QK norm, on its {no_rope.count(False)} RoPE layers only, is applied on all "
+            f"{model.num_layers} (--qk-l2-norm has no per-layer pattern)"
+        )
+    scaling = hf_flags.llama3_scaling_differences(raw, "config")
+    if scaling:
+        parts.append(
+            f"its llama3 RoPE scaling's {', '.join(scaling)} has no Megatron flag: it trains with "
+            "Megatron's"
+        )
+    if raw.get("vision_config"):
+        parts.append("its vision encoder is not read")
+    return (f"{model.name}: {'; '.join(parts)}",)
 
 
 # MiniMax-M2

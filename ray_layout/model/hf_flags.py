@@ -11,9 +11,11 @@ Where the file is silent a key takes the default of the family's HF config class
 modeling code hard-wires (GLM-4.5 routes by sigmoid with a score-correction bias, whatever the
 file says).  What Megatron 0.16.1 has no flag for is left out: YaRN outside MLA, YaRN's
 ``beta_fast``, ``beta_slow`` and ``original_max_position_embeddings`` (Megatron fixes 32, 1 and
-4096), sigmoid top-k weights left unnormalized (Megatron normalizes them), and DeepSeek-V2's
-max-score group choice (Megatron ranks a group by the sum of its top topk/group_topk scores, which
-for DeepSeek-V3's top-8 over 4 chosen groups is its top-2 sum).
+4096), llama3 scaling's frequency factors and original length (Megatron fixes 1, 4 and 8192;
+:func:`llama3_scaling_differences` names where a file differs), sigmoid top-k weights left
+unnormalized (Megatron normalizes them), and DeepSeek-V2's max-score group choice (Megatron ranks
+a group by the sum of its top topk/group_topk scores, which for DeepSeek-V3's top-8 over 4 chosen
+groups is its top-2 sum).
 """
 
 from __future__ import annotations
@@ -206,11 +208,34 @@ def _rotary(raw: Mapping[str, Any], model: ModelSpec, d: Defaults, source: str) 
     if share != 1.0:
         flags.append(("--rotary-percent", flag_text(share)))
     if kind == "llama3":  # Megatron fixes the low/high frequency factors 1 and 4 and 8192 tokens
+        llama3_scaling_differences(raw, source)  # checks the keys it has no flag for
         flags += [
             ("--use-rope-scaling",),
             ("--rope-scaling-factor", flag_text(_factor(params, where, source))),
         ]
     return flags
+
+
+# What Megatron's llama3 scaling (RotaryEmbedding._apply_scaling) fixes and has no flag for.
+LLAMA3_FIXED = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192.0,
+}
+
+
+def llama3_scaling_differences(raw: Mapping[str, Any], source: str) -> tuple[str, ...]:
+    """Where a ``rope_type: llama3`` scaling differs from what Megatron fixes, one phrase each
+    (``high_freq_factor 1 (Megatron's is 4)``); none for another rope type or a missing key."""
+    params, where = _rope_parameters(raw, source)
+    if (params.get("rope_type", params.get("type")) or "default") != "llama3":
+        return ()
+    differences = []
+    for key, fixed in LLAMA3_FIXED.items():
+        value = number(f"{where} {key}", params.get(key), fixed, source)
+        if value != fixed:
+            differences.append(f"{key} {value:g} (Megatron's is {fixed:g})")
+    return tuple(differences)
 
 
 def _rope_parameters(raw: Mapping[str, Any], source: str) -> tuple[dict[str, Any], str]:

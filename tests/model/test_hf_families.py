@@ -148,9 +148,34 @@ def test_bad_keys_are_one_line_errors_naming_them(name, change, message):
     assert "\n" not in str(error.value)
 
 
+def test_llama4_notes_its_qk_norm_on_rope_layers_and_rope_scaling_factors():
+    """transformers builds Llama 4's L2 QK norm on the RoPE layers only, megatron-core's
+    --qk-l2-norm on every layer; Megatron's llama3 scaling fixes low/high 1 and 4 (Scout: 1, 1)."""
+    scout = load_hf_config(SCOUT)
+    assert "its L2 QK norm, on its 36 RoPE layers only, is applied on all 48" in scout.notes[0]
+    assert "high_freq_factor 1 (Megatron's is 4) has no Megatron flag" in scout.notes[0]
+    assert "low_freq_factor" not in scout.notes[0]  # Scout's 1 is Megatron's
+    assert "--qk-l2-norm" in scout.megatron_args
+    maverick = load_hf_config(MAVERICK).notes[0]  # use_qk_norm false, no rope_scaling
+    assert "QK norm" not in maverick and "RoPE scaling" not in maverick
+    raw = config("Llama-4-Scout-17B-16E")
+    text = raw["text_config"]
+    scaling = text["rope_scaling"] | {"high_freq_factor": 4.0}
+    everywhere = text | {"no_rope_layers": [1] * 48, "rope_scaling": scaling}
+    notes = load_hf_config(raw | {"text_config": everywhere}).notes[0]
+    assert "QK norm" not in notes and "RoPE scaling" not in notes
+    scaling = text["rope_scaling"] | {"original_max_position_embeddings": 4096}
+    notes = load_hf_config(raw | {"text_config": text | {"rope_scaling": scaling}}).notes[0]
+    assert "original_max_position_embeddings 4096 (Megatron's is 8192)" in notes
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
+        (
+            {"rope_scaling": {"rope_type": "llama3", "factor": 16.0, "high_freq_factor": "1"}},
+            "rope_scaling high_freq_factor must be a number > 0",
+        ),
         (
             {"moe_layers": [48]},
             r"text_config: moe_layers entry 48 is not a layer of the 48 \(0 to 47\)",

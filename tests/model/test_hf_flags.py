@@ -17,6 +17,7 @@ from ray_layout.model.hf_flags import (
     MIXTRAL,
     UNNORMALIZED_SOFTMAX,
     Defaults,
+    llama3_scaling_differences,
     training_flags,
     with_user_flags,
 )
@@ -136,6 +137,23 @@ def test_dense_llama3_rope_scaling_and_transformers5_rope_parameters():
     flags = load_hf_config(glm).megatron_args
     assert flags[flags.index("--rotary-base") + 1] == "20000"
     assert flags[flags.index("--rotary-percent") + 1] == "0.25"
+
+
+def test_llama3_scaling_names_what_megatron_fixes_otherwise():
+    """Megatron's llama3 scaling fixes low/high frequency factors 1 and 4 over 8192 tokens
+    (RotaryEmbedding._apply_scaling, core_v0.16.1): Llama 3.1's; Llama-4-Scout's high is 1."""
+    llama31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    assert llama3_scaling_differences({"rope_scaling": llama31}, "f") == ()
+    assert llama3_scaling_differences({"rope_scaling": {"rope_type": "llama3"}}, "f") == ()
+    assert llama3_scaling_differences({"rope_scaling": llama31 | {"rope_type": "yarn"}}, "f") == ()
+    scout = llama31 | {"high_freq_factor": 1.0, "original_max_position_embeddings": 4096}
+    assert llama3_scaling_differences({"rope_parameters": scout}, "f") == (
+        "high_freq_factor 1 (Megatron's is 4)",
+        "original_max_position_embeddings 4096 (Megatron's is 8192)",
+    )
+    with pytest.raises(ConfigError, match="f: rope_scaling low_freq_factor must be a number > 0"):
+        llama3_scaling_differences({"rope_scaling": llama31 | {"low_freq_factor": 0}}, "f")
 
 
 def test_every_derived_flag_is_megatrons():
