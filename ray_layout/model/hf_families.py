@@ -22,7 +22,10 @@ gpt-oss without attention biases) it is a one-line error.  The facts behind each
   builds it on every layer, and its llama3 RoPE scaling fixes the frequency factors at 1 and 4
   (Scout's are 1 and 1): the note says where a file differs.
 * MiniMax-M2: every layer MoE, sigmoid routing with a correction bias, QK norm, partial rotary
-  (``rotary_dim`` of ``head_dim``).
+  (``rotary_dim`` of ``head_dim``).  Its ``num_mtp_modules`` MTP modules (``use_mtp``) are left
+  out, as MiniMax left them out: the released checkpoint holds layers 0 to 61 and no MTP weights,
+  transformers builds none, and the published 230B total is the model without them (with three
+  MTP layers of Megatron's kind it would be 239.8B).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 from ray_layout.errors import ConfigError, quoted
 from ray_layout.model import hf_flags
+from ray_layout.model.fields import MAX_LAYERS
 from ray_layout.model.hf_keys import (
     Family,
     Raw,
@@ -211,6 +215,7 @@ def _minimax_m2(raw: Raw, num_layers: int, source: str) -> dict[str, Any]:
                 f"{source}: attn_type_list marks layer {linear[0]} (and {len(linear) - 1} more) as "
                 "lightning (linear) attention, which megatron-core 0.16.1 cannot build"
             )
+    _minimax_mtp(raw, source)  # checked here; the note names them
     fields: dict[str, Any] = experts(raw, "num_local_experts", "intermediate_size", source)
     return fields | {
         "moe_shared_expert_intermediate_size": integer(
@@ -218,6 +223,16 @@ def _minimax_m2(raw: Raw, num_layers: int, source: str) -> dict[str, Any]:
         ),
         "qk_layernorm": boolean(raw, "use_qk_norm", source, default=True),
     }
+
+
+def _minimax_mtp(raw: Raw, source: str) -> tuple[int, int]:
+    """(MTP modules, transformer layers in each) that the file declares; (0, 0) without
+    ``use_mtp``."""
+    if not boolean(raw, "use_mtp", source):
+        return 0, 0
+    modules = integer(raw, "num_mtp_modules", source, default=0, minimum=0, maximum=MAX_LAYERS)
+    layers = integer(raw, "mtp_transformer_layers", source, default=1, maximum=MAX_LAYERS)
+    return (modules, layers) if modules else (0, 0)
 
 
 def _minimax_router_keys(raw: Raw) -> Raw:
@@ -239,9 +254,13 @@ def _minimax_notes(raw: Raw, model: ModelSpec) -> tuple[str, ...]:
             "its QK norm spans all heads where Megatron's --qk-layernorm normalizes each head "
             f"({fewer:,} parameters a layer fewer here)"
         )
-    modules = raw.get("num_mtp_modules")
-    if raw.get("use_mtp") and type(modules) is int and modules > 0:
-        parts.append(f"its {modules} MTP modules are not read (transformers builds none)")
+    modules, layers = _minimax_mtp(raw, "config")
+    if modules:
+        each = "one layer" if layers == 1 else f"{layers} layers"
+        parts.append(
+            f"its {modules} MTP modules ({each} each) are left out, as its released weights and "
+            "published total leave them out (no --mtp-num-layers)"
+        )
     return (f"{model.name}: {'; '.join(parts)}",) if parts else ()
 
 

@@ -139,6 +139,9 @@ def test_what_is_not_modelled_is_one_note_naming_it(path, named):
         ("gpt-oss-20b", {"num_experts_per_tok": 64}, "num_experts_per_tok 64 is more than"),
         ("MiniMax-M2", {"attn_type_list": [0] + [1] * 61}, "layer 0 .* lightning"),
         ("MiniMax-M2", {"use_qk_norm": "yes"}, "use_qk_norm must be true or false"),
+        ("MiniMax-M2", {"use_mtp": 1}, "use_mtp must be true or false"),
+        ("MiniMax-M2", {"num_mtp_modules": -1}, "num_mtp_modules must be >= 0"),
+        ("MiniMax-M2", {"mtp_transformer_layers": 0}, "mtp_transformer_layers must be >= 1"),
         ("Llama-4-Scout-17B-16E", {"text_config": [1]}, "text_config must be a mapping"),
     ],
 )
@@ -146,6 +149,21 @@ def test_bad_keys_are_one_line_errors_naming_them(name, change, message):
     with pytest.raises(ConfigError, match=message) as error:
         load_hf_config(config(name) | change)
     assert "\n" not in str(error.value)
+
+
+def test_minimax_m2_leaves_its_mtp_modules_out_as_its_release_and_total_do():
+    """The released checkpoint has no MTP weights and 230B counts none: with Megatron's three
+    MTP layers the total would be 4% over it, without them it is within 1.5%."""
+    recipe = load_hf_config(MINIMAX_M2)
+    assert recipe.model.mtp_num_layers == 0
+    assert "--mtp-num-layers" not in recipe.megatron_args
+    assert "its 3 MTP modules (one layer each) are left out" in recipe.notes[0]
+    with_mtp = dataclasses.replace(recipe.model, mtp_num_layers=3)
+    assert sizing.parameter_count(with_mtp).total_with_everything > 230e9 * 1.04
+    deeper = load_hf_config(config("MiniMax-M2") | {"mtp_transformer_layers": 2}).notes[0]
+    assert "its 3 MTP modules (2 layers each)" in deeper
+    for change in ({"use_mtp": False}, {"num_mtp_modules": 0}, {"use_mtp": None}):
+        assert "MTP" not in load_hf_config(config("MiniMax-M2") | change).notes[0]
 
 
 def test_llama4_notes_its_qk_norm_on_rope_layers_and_rope_scaling_factors():
