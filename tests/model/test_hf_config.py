@@ -295,6 +295,22 @@ def test_published_totals_leave_the_mtp_layers_out():
     assert glm.total == pytest.approx(355e9, rel=0.015)  # 352.80B; 356.79B with the MTP layer
 
 
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [
+        ("Qwen3-30B-A3B", 30.5e9, 3.3e9),  # the Qwen3-30B-A3B model card
+        ("Mixtral-8x7B-v0.1", 46.7e9, 12.9e9),  # Mistral AI's Mixtral of experts announcement
+        ("OLMoE-1B-7B-0924", 6.9e9, 1.3e9),  # the OLMoE paper (arXiv 2409.02060)
+    ],
+)
+def test_published_totals_of_the_families_without_mtp(name, total, active):
+    """Published to one decimal: 30.53B / 3.35B, 46.70B / 12.88B and 6.92B / 1.28B here."""
+    counts, model = _published(config(name))
+    assert model.mtp_num_layers == 0
+    assert counts.total == pytest.approx(total, rel=0.015)
+    assert counts.active == pytest.approx(active, rel=0.02)
+
+
 def test_kimi_k2_total():
     """1.04T is 1.3% above the 1,026.4B counted here, which is what transformers 5.24's
     DeepseekV3ForCausalLM holds for this file: the gap is about one MoE layer's experts (16.9B),
