@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ray_layout.errors import quoted
-from ray_layout.model.bash_escapes import backslash_escape
+from ray_layout.model.bash_escapes import as_argv, backslash_escape
 
 MAX_NESTING = 64  # parentheses, unary operators and ?: inside each other
 MAX_VARIABLE_DEPTH = 8  # a variable whose text names a variable whose text names ...
@@ -286,7 +286,7 @@ def _pieces(template: str) -> list[str | re.Match[str]]:
                 raise ValueError(
                     f"printf format {quoted(template)} uses a specifier this reader does not know"
                 )
-            pieces += ["".join(literal), match]
+            pieces += [as_argv("".join(literal)), match]
             literal, position = [], match.end()
         elif char == "\\":
             text, position = backslash_escape(template, position, ansi_c=False)
@@ -294,7 +294,7 @@ def _pieces(template: str) -> list[str | re.Match[str]]:
         else:
             literal.append(char)
             position += 1
-    return [*pieces, "".join(literal)]
+    return [*pieces, as_argv("".join(literal))]
 
 
 def _format(match: re.Match[str], pending: list[str]) -> str:

@@ -1,6 +1,10 @@
 """Bash's backslash escapes, as ``$'...'`` quoting and ``printf``'s format decode them: one
 table for both, since bash's two decoders differ only in ``\\cX`` (``$'...'`` alone) and in
-refusing ``\\x`` without a digit (``printf`` alone)."""
+refusing ``\\x`` without a digit (``printf`` alone).
+
+``\\xHH`` and ``\\NNN`` stand for a byte, not a character: a byte past ASCII is held as Python
+holds an undecodable byte of its argv (``surrogateescape``), and :func:`as_argv` joins a run of
+them into the characters they encode, so a decoded word is what Megatron's ``sys.argv`` reads."""
 
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ def backslash_escape(text: str, start: int, *, ansi_c: bool) -> tuple[str, int]:
         return _SIMPLE[char], start + 2
     if char and char in _OCTAL:
         end = _run(text, start + 1, _OCTAL, 3)
-        return chr(int(text[start + 1 : end], 8) & 0xFF), end
+        return _byte(int(text[start + 1 : end], 8) & 0xFF), end
     if char in _HEX_DIGITS and char:
         end = _run(text, start + 2, _HEX, _HEX_DIGITS[char])
         if end == start + 2:
@@ -45,6 +49,8 @@ def backslash_escape(text: str, start: int, *, ansi_c: bool) -> tuple[str, int]:
                 raise ValueError(f"printf format {quoted(text)}: \\{char} without a hex digit")
             return "\\" + char, start + 2
         code = int(text[start + 2 : end], 16)
+        if char == "x":
+            return _byte(code), end
         valid = code <= 0x10FFFF and not 0xD800 <= code <= 0xDFFF  # a character Python holds
         return (chr(code) if valid else "\ufffd"), end
     following = text[start + 2 : start + 3]
@@ -53,6 +59,17 @@ def backslash_escape(text: str, start: int, *, ansi_c: bool) -> tuple[str, int]:
         code = 0x7F if following == "?" else ord(following.upper()) & 0x1F
         return chr(code), start + 3 + doubled
     return "\\" + char, start + 1 + len(char)
+
+
+def as_argv(text: str) -> str:
+    """``text`` as Python reads it from argv: bytes held by :func:`backslash_escape` that form
+    UTF-8 become their characters, the rest stay held."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape")
+
+
+def _byte(value: int) -> str:
+    """One byte of an escape: ASCII as itself, a higher one held as ``surrogateescape`` does."""
+    return chr(value) if value < 0x80 else chr(0xDC00 + value)
 
 
 def _run(text: str, start: int, alphabet: str, most: int) -> int:

@@ -8,7 +8,7 @@ written.  ``ray_layout.model.bash_script`` runs them.
 from __future__ import annotations
 
 from ray_layout.errors import ConfigError, quoted
-from ray_layout.model.bash_escapes import backslash_escape
+from ray_layout.model.bash_escapes import as_argv, backslash_escape
 from ray_layout.model.bash_tokens import (
     ArrayLiteral,
     Heredoc,
@@ -277,16 +277,21 @@ class _Lexer:
         self.advance()
         text: list[str] = []
         offsets: list[int] = []
+        escaped: list[str] = []  # a run of escapes, whose bytes may form one character
         position = 0
-        while position < len(inside):
-            if inside[position] == "\\":
+        while position <= len(inside):
+            if position < len(inside) and inside[position] == "\\":
                 decoded, position = backslash_escape(inside, position, ansi_c=True)
-                text.append(decoded)
-                offsets += [-1] * len(decoded)
-            else:
+                escaped.append(decoded)
+                continue
+            run = as_argv("".join(escaped))
+            text.append(run)
+            offsets += [-1] * len(run)
+            escaped.clear()
+            if position < len(inside):
                 text.append(inside[position])
                 offsets.append(start + position)
-                position += 1
+            position += 1
         kept = "".join(text).partition("\0")[0]
         return Literal(kept, tuple(offsets[: len(kept)]), True)
 

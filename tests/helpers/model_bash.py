@@ -48,8 +48,9 @@ def _bash(
         timeout=10,
         check=False,
     )
-    # decoded by hand: text=True would turn a "\r" that bash printed into "\n"
-    out, err = (data.decode(errors="replace") for data in (done.stdout, done.stderr))
+    # decoded by hand: text=True would turn a "\r" that bash printed into "\n"; an undecodable
+    # byte is held as Python's argv holds it, which is what a launched Megatron reads
+    out, err = (data.decode(errors="surrogateescape") for data in (done.stdout, done.stderr))
     return subprocess.CompletedProcess(done.args, done.returncode, out, err)
 
 

@@ -170,8 +170,9 @@ _ANSI_C_PIECES = st.one_of(
     st.text(st.sampled_from('ab "$`;'), min_size=1, max_size=3),
     st.sampled_from(["\\a", "\\b", "\\e", "\\E", "\\f", "\\n", "\\r", "\\t", "\\v"]),
     st.sampled_from(["\\\\", "\\'", '\\"', "\\?", "\\q", "\\x", "\\xg", "\\c", "\\0"]),
-    st.integers(1, 0o177).map(lambda n: f"\\{n:o}"),
-    st.integers(1, 0x7F).map(lambda n: f"\\x{n:x}"),
+    st.integers(1, 0o377).map(lambda n: f"\\{n:o}"),
+    st.integers(1, 0xFF).map(lambda n: f"\\x{n:x}"),
+    st.sampled_from(["\\xc3\\xa9", "\\303\\251", "\\xe2\\x82\\xac", "\\xe2\\x82"]),  # UTF-8, cut
     st.integers(1, 0x7F).map(lambda n: f"\\u{n:04x}"),
     st.sampled_from("@AZaz[?").map(lambda c: f"\\c{c}"),
 )
@@ -183,6 +184,13 @@ _ANSI_C_PIECES = st.one_of(
 def test_ansi_c_quotes_decode_their_escapes_as_bash(inside, around):
     command = f"{around}$'{inside}'{around}"
     assert words(f"cmd {command}") == bash_words("", command)
+
+
+def test_escaped_bytes_read_as_megatron_s_argv_would():
+    """``\\xHH`` is a byte: bytes that form UTF-8 are its character, a stray one is held as
+    Python's argv holds it (``surrogateescape``)."""
+    assert words("cmd $'\\xc3\\xa9t\\351'") == ["cmd", "\u00e9t\udce9"]
+    assert words("cmd $'\\u00e9'") == ["cmd", "\u00e9"]  # \u is a character, not a byte
 
 
 def test_an_ansi_c_escape_has_no_offset_of_its_own():
