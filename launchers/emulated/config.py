@@ -20,6 +20,7 @@ from ray_layout.model.megatron_args import check_arguments, megatron_flag_table,
 from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.spec import ModelSpec, ParallelConfig, with_parallel
 from search.memory_settings import MemorySettings, memory_settings
+from search.overlap import overlap_p2p_comm
 
 # Megatron accepts at most one of these and a layout string
 _VIRTUAL_STAGE_DESTS = {
@@ -117,7 +118,7 @@ def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
         layout=layout,
         num_microbatches=num_microbatches,
         group_size=group_size,
-        overlap_p2p=layout.vpp > 1 and flag("--no-overlap-p2p-communication"),
+        overlap_p2p=layout.vpp > 1 and overlap_p2p_comm(argv, ARGUMENTS_SOURCE),
         memory=memory_settings(recipe.megatron_args),
         train_iters=train_iters,
         log_interval=flag("--log-interval"),
