@@ -67,3 +67,10 @@ def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
 def clipped(text: str, limit: int = QUOTE_LIMIT) -> str:
     """Text (a name, a parser's message) as a message shows it: at most ``limit`` characters."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def exception_line(exc: BaseException, limit: int = 300) -> str:
+    """What an exception from Ray or a subprocess says, fit for a one-line error: its whitespace
+    (a traceback's newlines) folded to single spaces, cut to ``limit``; its type's name when it
+    says nothing (Ray raises a bare ``Exception``)."""
+    return " ".join(str(exc).split())[:limit] or type(exc).__name__

@@ -22,6 +22,7 @@ from ray_layout.errors import (
     RayLayoutError,
     RunFailure,
     clipped,
+    exception_line,
     quoted,
 )
 
@@ -122,3 +123,12 @@ def test_a_short_value_is_its_repr_and_text_is_clipped() -> None:
         "1e-300",
     )
     assert clipped("abc") == "abc" and clipped("a" * 100) == "a" * 79 + "…"
+
+
+def test_an_exception_is_one_line_of_what_it_says_or_its_type() -> None:
+    """A traceback Ray carries folds onto one line, cut short; a bare Exception names its type."""
+    assert (
+        exception_line(RuntimeError("Traceback:\n  File 'x'\n\tbad ")) == "Traceback: File 'x' bad"
+    )
+    assert exception_line(ValueError("x" * 1000)) == "x" * 300
+    assert exception_line(Exception()) == "Exception"

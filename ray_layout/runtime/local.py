@@ -29,7 +29,7 @@ from contextlib import contextmanager
 import ray
 from ray.cluster_utils import Cluster
 
-from ray_layout.errors import ConfigError, RunFailure
+from ray_layout.errors import ConfigError, RunFailure, exception_line
 
 _LOCAL_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -67,10 +67,9 @@ def start_local_cluster(
         cluster.connect()
     except Exception as exc:  # Ray raises bare Exception when a raylet does not come up in time
         cluster.shutdown()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RunFailure(
-            f"the embedded Ray cluster did not start ({first}); on a loaded machine run again, "
-            "or join a running cluster with --ray-address"
+            f"the embedded Ray cluster did not start ({exception_line(exc)}); on a loaded machine "
+            "run again, or join a running cluster with --ray-address"
         ) from None
     return cluster
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ray_layout.errors import RunFailure
+from ray_layout.errors import RunFailure, exception_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.megatron_args import FlagTable, megatron_flag_table
 from ray_layout.model.megatron_help_table import merge_with_bundled, parse_help
@@ -67,7 +67,7 @@ def help_text(backend: Backend) -> str:
     try:
         text, error = ray.get(task.remote(command, HELP_TIMEOUT_S), timeout=HELP_TIMEOUT_S + 60)
     except Exception as exc:
-        text, error = None, _one_line(exc)
+        text, error = None, exception_line(exc)
     if text is None:
         raise RunFailure(error)
     return text
@@ -82,15 +82,11 @@ def _run_help(command: list[str], timeout_s: float) -> tuple[str | None, str]:
             command, capture_output=True, text=True, timeout=timeout_s, env=environment, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, _one_line(exc)
+        return None, exception_line(exc)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return None, f"exit {done.returncode}: {last[:300]}"
     return done.stdout, ""
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:300]
 
 
 def _read_cache(path: Path) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ from ray_layout.ab.live import (
     write_decisions,
 )
 from ray_layout.ab.vocabulary import ArmRole
-from ray_layout.errors import MeasurementError, RunFailure
+from ray_layout.errors import MeasurementError, RunFailure, exception_line
 from ray_layout.measure.design import profile_design
 from ray_layout.measure.fit import FitResult, fit_costs
 from ray_layout.measure.ingest import observations_from_store, record_fit
@@ -402,9 +402,8 @@ def cluster_hbm_gib(backend: Backend) -> tuple[float, str]:
     try:
         return ray.get(probe.remote(), timeout=PROBE_TIMEOUT_S), "a GPU probed on a worker"
     except Exception as exc:
-        detail = " ".join(str(exc).split())[:300]
         raise RunFailure(
-            f"cannot read the GPUs' memory on the cluster ({detail}); give --hbm-gb"
+            f"cannot read the GPUs' memory on the cluster ({exception_line(exc)}); give --hbm-gb"
         ) from None
 
 
