@@ -14,8 +14,8 @@ import numpy as np
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
-from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP
-from ray_layout.model.sizing import DENSE_DECODER, GIB, MOE_DECODER, gpu_gigaparams, unit_sizes
+from ray_layout.model.layout import EMBEDDING, LOSS, MTP
+from ray_layout.model.sizing import DECODER_UNITS, GIB, gpu_gigaparams, unit_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.memory import (
     PLAIN,
@@ -122,7 +122,7 @@ def build_cost_model(
             )
         )
     calibration = np.array([costs.memory_calibration.get(u, 1.0) for u in units])
-    layers = (DECODER, DENSE_DECODER, MOE_DECODER, MTP)
+    layers = (*DECODER_UNITS, MTP)
     static = [static_bytes(sizes[u].params, parallel, settings, fp8=u in layers) for u in units]
     in_flight = in_flight_at_peak(parallel.pp, parallel.vpp, num_microbatches, group_size)
     embedding = static_bytes(sizes[EMBEDDING].params, parallel, settings)

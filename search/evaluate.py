@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ray_layout.model.sizing import DECODER_UNITS
 from search.cost_model import CostModel
 from search.recurrence import step_ms
 from search.schedule import Program
@@ -67,7 +68,7 @@ def _block_saving(cost_model: CostModel, counts: np.ndarray) -> np.ndarray:
     if cost_model.block_saving_bytes is None:
         return saving
     budget = np.full(counts.shape[:2], cost_model.block_layers)
-    for unit in ("t", "t_dense", "t_moe"):
+    for unit in DECODER_UNITS:
         if unit in cost_model.units:
             index = cost_model.units.index(unit)
             taken = np.minimum(counts[..., index], budget)

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from ray_layout.model.costs import UnitCosts, stage_units
 from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout
 from ray_layout.model.sizing import (
+    DECODER_UNITS,
     DENSE_DECODER,
     GIB,
     MOE_DECODER,
@@ -231,7 +232,7 @@ def _bytes_per_token(model: ModelSpec, unit: str, settings: MemorySettings) -> f
     h = model.hidden_size
     if unit == EMBEDDING:
         return 8 + h
-    if unit in (DECODER, DENSE_DECODER, MOE_DECODER):
+    if unit in DECODER_UNITS:
         return _layer_bytes(model, _is_moe(model, unit), settings, unit)
     if unit == MTP:
         return _layer_bytes(model, _is_moe(model, unit), settings, unit) + 10 * h
@@ -258,7 +259,7 @@ def block_saving(
     """Bytes a decoder layer among a chunk's first ``--recompute-num-layers`` frees under
     ``--recompute-method block`` (it keeps only its 2h input); 0 for other units and methods."""
     block = settings.recompute_granularity == "full" and settings.recompute_method == "block"
-    if not block or unit not in (DECODER, DENSE_DECODER, MOE_DECODER):
+    if not block or unit not in DECODER_UNITS:
         return 0.0
     full = _layer_bytes(model, _is_moe(model, unit), PLAIN, unit)
     return (full - 2 * model.hidden_size) * _tokens_per_gpu(model, parallel)
@@ -393,7 +394,7 @@ def stage_memory(
         u: static_bytes(sizes[u].params, parallel).weights
         - static_bytes(sizes[u].params, parallel, settings, fp8=True).weights
         for u in kinds
-        if u in (DECODER, DENSE_DECODER, MOE_DECODER, MTP)
+        if u in (*DECODER_UNITS, MTP)
     }
     transient = recompute_bytes(model, parallel, settings)
     memories = []
@@ -403,7 +404,7 @@ def stage_memory(
         plain = static_bytes(static.params, parallel, settings)
         activations = 0.0
         for n, stage in held:
-            layers = (u for u in stage if u in (DECODER, DENSE_DECODER, MOE_DECODER))
+            layers = (u for u in stage if u in DECODER_UNITS)
             first = sorted(layers, key=lambda u: u != DENSE_DECODER)
             checkpointed = first[: settings.recompute_num_layers if any(saving.values()) else 0]
             kept = sum(per_batch[u] for u in stage) - sum(saving[u] for u in checkpointed)

@@ -31,7 +31,7 @@ from ray_layout.model.costs import (
     provenance_mismatches,
 )
 from ray_layout.model.layout import check_interleaving
-from ray_layout.model.sizing import DECODER, DENSE_DECODER, MOE_DECODER
+from ray_layout.model.sizing import DECODER_UNITS
 from ray_layout.model.spec import Recipe
 from search.overlap import overlap_p2p_comm
 from search.planner import Candidate, PlanOptions, SearchSpec
@@ -105,7 +105,6 @@ def unit_costs(
     return loaded
 
 
-DECODER_UNITS = frozenset({DECODER, DENSE_DECODER, MOE_DECODER})
 MAX_COST = 1e7  # ms (2.8 hours), GiB or a factor: above any real value, far below overflow
 
 

@@ -24,6 +24,7 @@ from ray_layout.model.fields import MAX_DIMENSION, MAX_PARALLEL_SIZE
 from ray_layout.model.files import read_mapping
 from ray_layout.model.sizing import (
     DECODER,
+    DECODER_UNITS,
     DENSE_DECODER,
     EMBEDDING,
     GRAD_BYTES,
@@ -40,7 +41,7 @@ from ray_layout.model.spec import ModelSpec, ParallelConfig
 
 FORMAT = "ray_layout.costs/1"
 SOURCES = ("fit", "flops", "manual")
-UNITS = (EMBEDDING, DECODER, DENSE_DECODER, MOE_DECODER, MTP, LOSS)
+UNITS = (EMBEDDING, *DECODER_UNITS, MTP, LOSS)
 
 # Bytes Adam moves per parameter it updates: reads the fp32 gradient and its 12 bytes of state,
 # writes the state back and the bf16 weight.

@@ -22,6 +22,7 @@ GRAD_BYTES = 4  # fp32 main gradients
 OPTIMIZER_BYTES = 12  # fp32 master copy + Adam's two moments
 
 DENSE_DECODER, MOE_DECODER = "t_dense", "t_moe"  # a decoder layer of each kind, where they differ
+DECODER_UNITS = (DECODER, DENSE_DECODER, MOE_DECODER)  # the units that are one decoder layer
 
 
 @dataclass(frozen=True)
