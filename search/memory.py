@@ -390,11 +390,10 @@ def stage_memory(
     logits_per_batch = logits_bytes(model, parallel, settings) * scale.get(LOSS, 1.0)
     loss_transient = loss_transient_bytes(model, parallel, settings) * scale.get(LOSS, 1.0)
     sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
-    fp8_saved = {
-        u: static_bytes(sizes[u].params, parallel).weights
-        - static_bytes(sizes[u].params, parallel, settings, fp8=True).weights
+    fp8_saved = {  # --fp8-param-gather: a byte less for each eligible parameter, as static_bytes
+        u: gpu_params(sizes[u].params, parallel)[2]
         for u in kinds
-        if u in (*DECODER_UNITS, MTP)
+        if settings.fp8_param_gather and u in (*DECODER_UNITS, MTP)
     }
     transient = recompute_bytes(model, parallel, settings)
     memories = []
