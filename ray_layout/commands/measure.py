@@ -32,7 +32,6 @@ from ray_layout.commands.searching import (
     unit_costs,
 )
 from ray_layout.errors import ConfigError
-from ray_layout.measure.declared import runs_parallel
 from ray_layout.measure.design import profile_design
 from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.ingest import (
@@ -44,7 +43,6 @@ from ray_layout.measure.ingest import (
     record_fit,
 )
 from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
-from ray_layout.measure.memory_fit import fit_memory
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_from_flops, save_costs
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
@@ -211,20 +209,15 @@ def run_fit(settings: FitSettings, console: Console) -> None:
     else:
         runs = _logged_runs(settings.run, settings.micro_batches, settings, recipe)
         observations, notes = observations_of_logged_runs(runs, recipe.model)
-    explicit = frozenset(settings.parallel.sizes_given())
-    flags = memory_settings(recipe.megatron_args)
     result = fit_costs(
         recipe.model,
         recipe.parallel,
         observations,
         gpus_per_node=settings.gpus_per_node,
         accept_residuals=settings.accept_residuals,
-        explicit=explicit,
-        memory=flags,
+        explicit=frozenset(settings.parallel.sizes_given()),
+        memory=memory_settings(recipe.megatron_args),
     )
-    sized = [(o.name, o.parallel) for o in observations if o.parallel is not None]
-    run_sizes, _ = runs_parallel(recipe.parallel, sized, explicit)
-    peaks = fit_memory(recipe.model, run_sizes, observations, result.costs, flags)
     save_costs(result.costs, settings.output)
     if settings.store:
         record_fit(store, settings.study, result, [o.name for o in observations])
@@ -238,8 +231,8 @@ def run_fit(settings: FitSettings, console: Console) -> None:
         "warnings": list(result.warnings),
         "suggested_layouts": dict(result.suggested_layouts),
         "notes": list(notes),
-        "memory_allocated_gib": peaks.allocated_gib,
-        "memory": [asdict(stage) for stage in peaks.stages],
+        "memory_allocated_gib": result.memory.allocated_gib,
+        "memory": [asdict(stage) for stage in result.memory.stages],
     }
     emit(report, settings.as_json, partial(_print_fit, runs=len(observations)), console)
 

@@ -15,13 +15,14 @@ from ray_layout.errors import MeasurementError
 from ray_layout.measure.declared import runs_parallel, suggest_layout
 from ray_layout.measure.design import PAIR, design_rows, timer_spread, unit_columns
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
-from ray_layout.measure.memory_fit import memory_costs
+from ray_layout.measure.memory_fit import MemoryFit, fit_memory, memory_costs
 from ray_layout.measure.observations import RunObservation
 from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance, within_bounds
 from ray_layout.model.layout import Layout
 from ray_layout.model.sizing import LOSS, MTP, stage_sizes
 from ray_layout.model.spec import ModelSpec, ParallelConfig
 from search.cost_model import inter_node_links
+from search.memory import PLAIN
 from search.memory_settings import MemorySettings
 from search.planner import PlanOptions, Problem, SearchSpec, score_given
 from search.schedule import P2PCall, Transfer, rank_ops
@@ -42,6 +43,7 @@ class FitResult:
     backward_ms: dict[str, float]
     residuals: dict[str, list[float]]  # run -> relative error of each rank's fitted compute
     warnings: tuple[str, ...]
+    memory: MemoryFit  # what set the memory calibration, with predicted against measured peaks
     p2p_latency_ms: float = 0.0  # added to every transfer so that simulated steps match
     step_errors: dict[str, float] = field(default_factory=dict)  # run -> simulated/measured - 1
     suggested_layouts: dict[str, str] = field(default_factory=dict)  # run -> what its timers show
@@ -71,7 +73,7 @@ def fit_costs(
     *,
     accept_residuals: bool = False,
     explicit: Collection[str] = (),
-    memory: MemorySettings | None = None,
+    memory: MemorySettings = PLAIN,
 ) -> FitResult:
     """Unit costs from profiling runs; what the timers cannot say comes from ``base`` (FLOPs by
     default): the split of m + L, and p2p on links no run crossed.  ``gpus_per_node`` is the
@@ -98,7 +100,6 @@ def fit_costs(
     fitted_f, fitted_b = dict(zip(columns, fwd, strict=True)), dict(zip(columns, bwd, strict=True))
     forward_ms = _expand_pair(fitted_f, base.forward_ms)
     backward_ms = _expand_pair(fitted_b, base.backward_ms)
-
     residuals, suggested, warnings = _judge_residuals(
         model, runs, columns, fwd + bwd, base, accept_residuals
     )
@@ -114,12 +115,13 @@ def fit_costs(
             "m and L were only measured together: their split follows FLOPs, which matters "
             "only for MTP-standalone layouts (profile one with --standalone-mtp to measure it)"
         )
+    found = fit_memory(model, parallel, runs, base, memory)
     costs = replace(
         base,
         forward_ms=forward_ms,
         backward_ms=backward_ms,
         jitter_cv=_jitter(model, runs, columns, fwd + bwd),
-        **memory_costs(model, parallel, runs, base, memory),
+        **memory_costs(found, base),
         source="fit",
         **provenance(model, parallel),
         **_step_tail(model, parallel, runs),
@@ -134,10 +136,10 @@ def fit_costs(
         tail_fixed_ms=fixed,
     )
     costs, clipped = within_bounds(costs)
-    warnings += clipped
+    warned = (*warnings, *clipped)
     shown = {name: str(layout) for name, layout in suggested.items()}
     return FitResult(
-        costs, columns, fitted_f, fitted_b, residuals, tuple(warnings), latency, step_errors, shown
+        costs, columns, fitted_f, fitted_b, residuals, warned, found, latency, step_errors, shown
     )
 
 

@@ -152,16 +152,9 @@ def memory_calibration(
     return fit_memory(model, parallel, runs, base).factors
 
 
-def memory_costs(
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    runs: Sequence[RunObservation],
-    base: UnitCosts,
-    settings: MemorySettings | None = None,
-) -> dict[str, Any]:
+def memory_costs(found: MemoryFit, base: UnitCosts) -> dict[str, Any]:
     """The ``UnitCosts`` fields the fit sets: the factors, and the base's capacity overhead
     (what max allocated does not see) plus the fixed allocation the ranks showed."""
-    found = fit_memory(model, parallel, runs, base, settings or PLAIN)
     return {
         "memory_calibration": found.factors,
         "memory_overhead_gib": base.memory_overhead_gib + found.allocated_gib,

@@ -99,7 +99,7 @@ def test_a_fixed_allocation_comes_back_with_the_factors() -> None:
     assert found.allocated_gib == pytest.approx(1.5, rel=1e-3)
     assert all(abs(stage.fitted_error) < 1e-4 for stage in found.stages)
     assert len(found.stages) == 8 and any(abs(stage.prior_error) > 0.01 for stage in found.stages)
-    costs = memory_costs(HANDBOOK.model, HANDBOOK.parallel, extra, TRUTH)
+    costs = memory_costs(found, TRUTH)
     assert costs["memory_overhead_gib"] == pytest.approx(TRUTH.memory_overhead_gib + 1.5, rel=1e-3)
 
 
