@@ -181,7 +181,7 @@ def tune_settings(flags: TuneFlags, recipe: Recipe, gpus_per_node: int) -> TuneS
         samples=flags.samples,
         seed=flags.seed,
         allow_standalone_mtp=flags.allow_standalone_mtp,
-        runs_at_once=flags.runs_at_once or backend.runs_at_once,
+        runs_at_once=backend.runs_at_once(flags.runs_at_once),
     )
 
 

@@ -80,11 +80,10 @@ class Backend:
             return self.hardware_profile.stem
         return "gpu"
 
-    @property
-    def runs_at_once(self) -> int | None:
-        """Runs side by side unless the user says: one for megatron-core, whose CPU times grow
-        by a third when two runs share a node's cores; as many as fit otherwise."""
-        return 1 if self.name == MEGATRON_CORE else None
+    def runs_at_once(self, given: int | None) -> int | None:
+        """Runs side by side: as many as the user ``given``, else one for megatron-core, whose
+        CPU times grow by a third when two runs share a node's cores; None: as many as fit."""
+        return given or (1 if self.name == MEGATRON_CORE else None)
 
 
 def rank_command(
@@ -224,7 +223,7 @@ def run_layouts(
         specs,
         store=store,
         rank_env=rank_env,
-        max_parallel=options.max_parallel or backend.runs_at_once,
+        max_parallel=backend.runs_at_once(options.max_parallel),
         watches=watches,
         cancel=cancel,
     )

@@ -63,8 +63,8 @@ def test_the_megatron_core_backend_runs_its_rank_program_on_the_same_arguments()
     assert command[3:] == emulated[3:] and "RAY_LAYOUT_HARDWARE_PROFILE" in env
     assert core.hardware == "cpu"  # its times are CPU times
     # CPU times grow when runs share cores: one run at a time unless the user says otherwise
-    assert core.runs_at_once == 1
-    assert Backend("emulated", hardware_profile=PROFILE).runs_at_once is None
+    assert core.runs_at_once(None) == 1 and core.runs_at_once(3) == 3
+    assert Backend("emulated", hardware_profile=PROFILE).runs_at_once(None) is None
     with pytest.raises(ConfigError, match="megatron-core backend needs a hardware profile"):
         Backend("megatron-core")
 
