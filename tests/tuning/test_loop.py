@@ -81,7 +81,8 @@ def attempts(store: CostStore, study: str):
 
 
 def cluster_is_clean(timeout_s: float = 30.0) -> bool:
-    """Every placement group removed and every GPU free again."""
+    """Every placement group removed and every GPU free again; what is left is printed (the
+    failed test's output) when it is not."""
     import ray
 
     deadline = time.monotonic() + timeout_s
@@ -91,6 +92,9 @@ def cluster_is_clean(timeout_s: float = 30.0) -> bool:
         if all(g["state"] == "REMOVED" for g in groups) and free == NODES * GPUS_PER_NODE:
             return True
         time.sleep(0.5)
+    left = [(g["name"], g["state"]) for g in groups if g["state"] != "REMOVED"]
+    nodes = [(n["NodeManagerAddress"], n["Alive"]) for n in ray.nodes()]
+    print(f"after {timeout_s:g} s: {free:g} GPUs free; groups left {left}; nodes {nodes}")
     return False
 
 
