@@ -292,13 +292,15 @@ def profile_design(
 
 def _raising_rank(designs: np.ndarray, chosen: list[int], fits: np.ndarray) -> np.ndarray:
     """The fitting candidates not yet chosen that raise the chosen runs' rank the most (none if
-    no candidate raises it)."""
+    no candidate raises it): what a candidate adds is the rank of its rows in the directions the
+    chosen rows leave unspanned."""
     stacked = designs[chosen].reshape(-1, designs.shape[2])
-    base = np.linalg.matrix_rank(stacked)
-    with_each = np.concatenate(
-        [np.broadcast_to(stacked, (len(designs), *stacked.shape)), designs], 1
-    )
-    gained = np.linalg.matrix_rank(with_each) - base
+    tolerance = 1e-9 * max(1.0, float(np.abs(designs).max()))  # the rows are unit counts
+    _, values, directions = np.linalg.svd(stacked)
+    unspanned = directions[int((values > tolerance).sum()) :].T  # (U, U - rank): the null space
+    if not unspanned.size:
+        return np.array([], dtype=np.int64)
+    gained = np.linalg.matrix_rank(designs @ unspanned, tol=tolerance)
     gained[chosen] = 0
     gained[~fits] = 0
     return np.flatnonzero((gained == gained.max()) & (gained > 0))

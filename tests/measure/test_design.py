@@ -16,6 +16,7 @@ from ray_layout.measure.design import (
     PROFILE_FLAGS,
     TIMER_RESOLUTION_MS,
     _errors_with,
+    _raising_rank,
     design_rows,
     profile_design,
     relative_errors,
@@ -214,3 +215,22 @@ def test_pp2_with_a_dense_first_layer_profiles_three_layouts_that_identify_every
     assert plan.columns == ("E", "t_moe", "t_dense", PAIR)
     assert len(set(plan.layouts)) == 3 and plan.rank == 4
     assert np.isfinite(plan.worst_relative_error)
+
+
+def test_the_rank_raising_step_agrees_with_stacking_each_candidate():
+    """What a candidate adds in the chosen rows' null space is the rank it adds to them."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        n, rows, units = rng.integers(3, 30), rng.integers(1, 4), rng.integers(2, 6)
+        designs = rng.integers(0, 3, (n, rows, units)).astype(float)
+        chosen = [int(i) for i in rng.choice(n, rng.integers(1, 3), replace=False)]
+        fits = rng.random(n) > 0.2
+        stacked = designs[chosen].reshape(-1, units)
+        rank = np.linalg.matrix_rank(stacked)
+        gained = np.array(
+            [np.linalg.matrix_rank(np.concatenate([stacked, d])) - rank for d in designs]
+        )
+        gained[chosen] = 0
+        gained[~fits] = 0
+        expected = np.flatnonzero((gained == gained.max()) & (gained > 0))
+        assert _raising_rank(designs, chosen, fits).tolist() == expected.tolist()
