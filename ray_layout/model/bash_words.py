@@ -278,20 +278,24 @@ class _Lexer:
         text: list[str] = []
         offsets: list[int] = []
         escaped: list[str] = []  # a run of escapes, whose bytes may form one character
-        position = 0
-        while position <= len(inside):
-            if position < len(inside) and inside[position] == "\\":
-                decoded, position = backslash_escape(inside, position, ansi_c=True)
-                escaped.append(decoded)
-                continue
+
+        def end_escapes() -> None:
             run = as_argv("".join(escaped))
             text.append(run)
-            offsets += [-1] * len(run)
+            offsets.extend([-1] * len(run))
             escaped.clear()
-            if position < len(inside):
+
+        position = 0
+        while position < len(inside):
+            if inside[position] == "\\":
+                decoded, position = backslash_escape(inside, position, ansi_c=True)
+                escaped.append(decoded)
+            else:
+                end_escapes()
                 text.append(inside[position])
                 offsets.append(start + position)
-            position += 1
+                position += 1
+        end_escapes()
         kept = "".join(text).partition("\0")[0]
         return Literal(kept, tuple(offsets[: len(kept)]), True)
 
