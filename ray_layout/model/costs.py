@@ -35,9 +35,11 @@ from ray_layout.model.sizing import (
     WEIGHT_BYTES,
     StageSize,
     decoder_unit,
+    layer_units,
     unit_sizes,
 )
 from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.traffic import HBM_GB_PER_S, a2a_ms, embedding_ms
 
 FORMAT = "ray_layout.costs/1"
 SOURCES = ("fit", "flops", "manual")
@@ -50,7 +52,6 @@ ADAM_BYTES_MOVED = GRAD_BYTES + 2 * OPTIMIZER_BYTES + WEIGHT_BYTES
 FLOPS_TFLOPS = 400.0  # achieved bf16 TFLOP/s per GPU assumed when costs come from FLOPs
 # what a GPU can achieve: below 1 TFLOP/s no accelerator, above 20,000 none yet (B200 FP4 is 9,000)
 TFLOPS_RANGE = (1.0, 20_000.0)
-HBM_GB_PER_S = 3000.0  # achieved HBM bandwidth per GPU for the memory-bound parts of a guess
 
 # Backward over forward of FLOP-derived units.  A decoder layer's backward runs two GEMMs per
 # forward GEMM (input and weight gradients).  The output layer + loss measured 1.16-1.30x its
@@ -58,10 +59,6 @@ HBM_GB_PER_S = 3000.0  # achieved HBM bandwidth per GPU for the memory-bound par
 # whose gradient backward gets nearly for free.  The MTP layer is a decoder layer first: 2x.
 BACKWARD_RATIO = 2.0
 LOSS_BACKWARD_RATIO = 1.23
-# Bytes the embedding's backward moves per element of its (TP-sharded) table each micro-batch:
-# PyTorch's dense embedding gradient is zero-filled (2) and read (2) by Megatron's hook, which
-# adds it into the fp32 main gradient (read 4, write 4).
-EMBEDDING_GRAD_BYTES_MOVED = 2 * WEIGHT_BYTES + 2 * GRAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -97,6 +94,9 @@ class UnitCosts:
     # Per step on every PP rank, whatever it holds: optimizer and grad-norm kernel launches,
     # logging, the iteration's bookkeeping.  0 in costs written before it was.
     tail_fixed_ms: float = 0.0
+    # One EP dispatch or combine all-to-all of a MoE layer per micro-batch; a MoE layer's
+    # forward and backward each include two.  0: EP 1, or costs written before it was.
+    a2a_ms: float = 0.0
     format: str = FORMAT
 
     def __post_init__(self) -> None:
@@ -162,6 +162,7 @@ BOUNDS = {
             "grad_sync_ms_per_gparam",
             "optimizer_ms_per_gparam",
             "tail_fixed_ms",
+            "a2a_ms",
         ),
         TIME,
     ),
@@ -364,6 +365,11 @@ def costs_from_flops(
         u: (LOSS_BACKWARD_RATIO if u == LOSS else BACKWARD_RATIO) * ms for u, ms in forward.items()
     }
     forward[EMBEDDING], backward[EMBEDDING] = embedding_ms(model, parallel, hbm_gb_per_s)
+    a2a = a2a_ms(model, parallel, intra_node_gb_per_s, inter_node_gb_per_s, gpus_per_node)
+    for unit, moe in layer_units(model).items():
+        if moe:  # dispatch and combine, each way
+            forward[unit] += 2 * a2a
+            backward[unit] += 2 * a2a
     # Megatron sends [s/(TP.CP), b, h] bf16 between stages under sequence parallelism.
     p2p_bytes = WEIGHT_BYTES * model.seq_length * parallel.micro_batch_size * model.hidden_size
     p2p_bytes /= shards
@@ -381,30 +387,9 @@ def costs_from_flops(
         optimizer_ms_per_gparam=ADAM_BYTES_MOVED / optimizer_shard / hbm_gb_per_s * 1e3,
         source="flops",
         gpus_per_node=gpus_per_node,
+        a2a_ms=a2a,
         **provenance(model, parallel),
     )
-
-
-def embedding_ms(
-    model: ModelSpec, parallel: ParallelConfig, hbm_gb_per_s: float = HBM_GB_PER_S
-) -> tuple[float, float]:
-    """Forward and backward ms of the embedding per micro-batch: it computes nothing, it moves
-    bytes at ``hbm_gb_per_s``.
-
-    Forward: a GPU's ``b x s / CP`` tokens each read their row when it is in the GPU's vocabulary
-    shard (1/TP of them) and write a full row of the output TP then reduces.  Backward: the
-    tokens' gradient rows are read and added into a dense gradient of the whole shard, which is
-    zero-filled and then accumulated into the fp32 main gradient every micro-batch
-    (EMBEDDING_GRAD_BYTES_MOVED per element): the vocabulary x hidden term that makes it
-    milliseconds at a 256k vocabulary."""
-    row_bytes = model.hidden_size * WEIGHT_BYTES
-    tokens = parallel.micro_batch_size * model.seq_length / parallel.cp
-    table = unit_sizes(model, parallel.micro_batch_size, parallel.tp)[EMBEDDING].params
-    elements = table.tp_sharded / parallel.tp
-    forward_bytes = tokens * row_bytes * (1 + 1 / parallel.tp)
-    backward_bytes = 2 * tokens * row_bytes + elements * EMBEDDING_GRAD_BYTES_MOVED
-    per_ms = hbm_gb_per_s * 1e9 / 1e3
-    return forward_bytes / per_ms, backward_bytes / per_ms
 
 
 def stage_units(model: ModelSpec, stages: Sequence[str]) -> list[list[str]]:

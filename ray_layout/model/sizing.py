@@ -215,6 +215,24 @@ def unit_sizes(model: ModelSpec, micro_batch_size: int = 1, tp: int = 1) -> dict
     return sizes
 
 
+def layer_units(model: ModelSpec) -> dict[str, bool]:
+    """The model's units that are one decoder layer (MTP's too), each with whether it is MoE."""
+    kinds = sorted(set(model.moe_layer_pattern), reverse=True)
+    units = {
+        DECODER if len(kinds) == 1 else (MOE_DECODER if moe else DENSE_DECODER): moe
+        for moe in kinds
+    }
+    if model.mtp_num_layers:
+        units[MTP] = model.mtp_layer_is_moe
+    return units
+
+
+def attention_share(model: ModelSpec, moe: bool) -> float:
+    """Attention's share of one decoder layer's forward FLOPs (the rest is its MLP)."""
+    attention = _attention_flops_per_token(model)
+    return attention / (attention + _mlp_flops_per_token(model, moe))
+
+
 def decoder_unit(model: ModelSpec, layer_index: int) -> str:
     """The unit name of decoder layer ``layer_index`` (0-based)."""
     if len(set(model.moe_layer_pattern)) == 1:

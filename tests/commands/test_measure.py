@@ -13,6 +13,7 @@ from ray_layout.model.costs import load_costs
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
 from tests.helpers.commands_cli import COSTS, HANDBOOK, run_json
+from tests.helpers.measure_runs import HANDBOOK_DESIGN
 from tests.helpers.megatron_layout_oracle import megatron_verdict
 from tests.helpers.synthetic_runs import synthetic_log
 
@@ -57,7 +58,7 @@ def test_profile_layouts_says_what_the_runs_identify_and_what_they_cannot(capsys
     assert main(["profile-layouts", HANDBOOK]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "profiling runs identify E, t, m+L: design rank 3 of 3" in out
-    assert "--pipeline-model-parallel-layout 'Et*4|t*6|t*6|mL' --train-iters 20" in out
+    assert f"--pipeline-model-parallel-layout '{HANDBOOK_DESIGN[0]}' --train-iters 20" in out
     assert "m and L apart: no run holds MTP without the loss" in out
 
 

@@ -69,7 +69,8 @@ def test_tflops_sets_the_speed_flop_costs_assume(capsys):
     captured = capsys.readouterr()
     assert "at 200 TFLOP/s per GPU (--tflops)" in captured.err
     compute = sum(json.loads(captured.out)["busy_ms"]), sum(default["busy_ms"])
-    assert compute[0] == pytest.approx(2 * compute[1], rel=0.05)  # the embedding is not FLOPs
+    # FLOPs take twice as long; the embedding's bytes and the EP all-to-alls do not
+    assert 1.6 * compute[1] < compute[0] < 2 * compute[1]
     for bad in ("0", "-5", "nan", "1e-300", "5e4"):  # past what any GPU achieves
         assert main([*argv, "--tflops", bad]) == 2
         assert capsys.readouterr().err.startswith("error: --tflops must be")

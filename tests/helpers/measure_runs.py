@@ -19,8 +19,11 @@ from tests.helpers.synthetic_runs import synthetic_log
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 TRUTH = load_costs("configs/costs/handbook_h200_example.json")
 MICROBATCHES = 8
-# The design the tune profiles for the handbook on PP=4 with 32 micro-batches (the quickstart)
+# Two layouts that identify the handbook's units on PP=4 (the fit's fixture runs)
 QUICKSTART = ("Et*4|t*6|t*6|mL", "E|t*8|t*7|tmL")
+# The design the tune profiles for the handbook on PP=4 with 32 micro-batches and 131 GiB, under
+# the FLOP guess (its MoE layers carry their EP 2 all-to-alls)
+HANDBOOK_DESIGN = ("Et*5|t*6|t*5|mL", "E|t*7|t*7|t*2mL")
 # Layouts that keep MTP beside the loss: the simulator multiplies an MTP-standalone layout's step
 # by ``mtp_standalone_factor`` (1.12), which the synthetic logs do not print, so the step-time
 # checks use layouts the factor does not touch.

@@ -28,7 +28,7 @@ from ray_layout.model.costs import costs_from_flops
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.megatron_recipe import Overrides
-from tests.helpers.measure_runs import HANDBOOK, QUICKSTART, TRUTH
+from tests.helpers.measure_runs import HANDBOOK, HANDBOOK_DESIGN, TRUTH
 
 GUESS = costs_from_flops(HANDBOOK.model, HANDBOOK.parallel)
 
@@ -68,12 +68,12 @@ def test_the_design_puts_each_unit_where_it_can_be_measured():
     timers' cv; the design's MTP-standalone pick holds E, m and L each alone."""
     guess = costs_from_flops(HANDBOOK.model, HANDBOOK.parallel)
     apart = profile_design(HANDBOOK.model, HANDBOOK.parallel, 32, guess, standalone_mtp=True)
-    assert [str(layout) for layout in apart.layouts] == ["Et*4|t*6|t*6|mL", "E|t*16|m|L"]
+    assert [str(layout) for layout in apart.layouts] == ["Et*5|t*6|t*5|mL", "E|t*16|m|L"]
     assert apart.worst_relative_error == pytest.approx(1.0, abs=0.01)
     beside = relative_errors_of(("Et*4|t*6|t*6|mL", "Et*5|t*9|t*2m|L"), guess.forward_ms)
     assert beside["E"] > 100 and beside["m"] > 2
     kept = profile_design(HANDBOOK.model, HANDBOOK.parallel, 32, guess, hbm_gib=131)
-    assert [str(layout) for layout in kept.layouts] == list(QUICKSTART)
+    assert [str(layout) for layout in kept.layouts] == list(HANDBOOK_DESIGN)
     assert kept.worst_relative_error == pytest.approx(1.0, abs=0.01)
 
 

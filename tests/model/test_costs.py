@@ -23,7 +23,7 @@ from ray_layout.model.costs import (
     step_tail_ms,
     within_bounds,
 )
-from ray_layout.model.sizing import stage_sizes, unit_sizes
+from ray_layout.model.sizing import layer_units, stage_sizes, unit_sizes
 from ray_layout.model.spec import build_recipe, load_recipe_file
 
 EXAMPLE = "configs/costs/handbook_h200_example.json"
@@ -244,13 +244,13 @@ def test_costs_from_flops_keep_the_flop_ratios(tp):
     costs = costs_from_flops(HANDBOOK.model, parallel, tflops_per_gpu=500.0)
     flops = {u: s.forward_flops for u, s in unit_sizes(HANDBOOK.model, 2, tp).items()}
     assert set(costs.forward_ms) == set(flops) == {"E", "t", "m", "L"}
+    exposed = {u: 2 * costs.a2a_ms * moe for u, moe in layer_units(HANDBOOK.model).items()}
+    compute = {u: ms - exposed.get(u, 0.0) for u, ms in costs.forward_ms.items()}
     for unit in ("m", "L"):
-        assert costs.forward_ms[unit] / costs.forward_ms["t"] == pytest.approx(
-            flops[unit] / flops["t"]
-        )
-    assert costs.forward_ms["t"] == pytest.approx(flops["t"] / tp / 500e12 * 1e3)
-    for unit in ("t", "m"):  # two GEMMs per forward GEMM
-        assert costs.backward_ms[unit] == pytest.approx(2 * costs.forward_ms[unit])
+        assert compute[unit] / compute["t"] == pytest.approx(flops[unit] / flops["t"])
+    assert compute["t"] == pytest.approx(flops["t"] / tp / 500e12 * 1e3)
+    for unit in ("t", "m"):  # two GEMMs per forward GEMM; the all-to-alls the same both ways
+        assert costs.backward_ms[unit] - exposed[unit] == pytest.approx(2 * compute[unit])
     # the output layer measured 1.16-1.30x its forward: the softmax's gradient comes cheap
     assert costs.backward_ms["L"] == pytest.approx(1.23 * costs.forward_ms["L"])
     assert (costs.source, costs.model, costs.micro_batch_size, costs.seq_length) == (
@@ -344,7 +344,7 @@ def test_costs_to_dict_is_plain_json():
     assert next(iter(data)) == "format"
     # the example predates the fixed step tail: it loads as 0 and is written out
     assert "tail_fixed_ms" not in example_dict()
-    assert data == {**example_dict(), "tail_fixed_ms": 0.0}
+    assert data == {**example_dict(), "tail_fixed_ms": 0.0, "a2a_ms": 0.0}
 
 
 def test_the_fixed_step_tail_is_added_to_every_rank():
