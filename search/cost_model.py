@@ -15,8 +15,16 @@ import numpy as np
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.layout import EMBEDDING, LOSS, MTP
-from ray_layout.model.sizing import DECODER_UNITS, GIB, gpu_gigaparams, unit_sizes
+from ray_layout.model.sizing import (
+    DECODER_UNITS,
+    GIB,
+    attention_share,
+    gpu_gigaparams,
+    layer_units,
+    unit_sizes,
+)
 from ray_layout.model.spec import ModelSpec, ParallelConfig
+from search.combined import NO_EP_OVERLAP, EpOverlap, MergeSavings, merge_savings
 from search.memory import (
     PLAIN,
     activation_bytes,
@@ -56,17 +64,26 @@ class CostModel:
     block_layers: int = 0
     block_saving_bytes: np.ndarray | None = None  # (U,)
     recompute_bytes: float = 0.0  # what one backward recomputes at a time, on every rank
+    # combined 1F1B (EP all-to-all overlap): what each merged layer pair hides; None: no merge
+    merge: MergeSavings | None = None
 
     @property
     def has_jitter(self) -> bool:
         return bool(np.any(self.jitter_cv > 0))
 
 
-def in_flight_at_peak(pp: int, vpp: int, num_microbatches: int, group_size: int | None = None):
+def in_flight_at_peak(
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    group_size: int | None = None,
+    combined: bool = False,
+):
     """(PP, VPP) micro-batches of each chunk whose activations a rank holds when it holds the
-    most (forwards done, backwards not yet), walking Megatron's own op order."""
+    most (forwards done, backwards not yet), walking Megatron's own op order (a merged step
+    holds its forward's before its backward frees its own)."""
     counts = np.zeros((pp, vpp), dtype=int)
-    for rank, ops in enumerate(compute_order(pp, vpp, num_microbatches, group_size)):
+    for rank, ops in enumerate(compute_order(pp, vpp, num_microbatches, group_size, combined)):
         held = np.zeros(vpp, dtype=int)
         for op in ops:
             held[op.chunk] += -1 if op.kind == BACKWARD else 1
@@ -106,9 +123,11 @@ def build_cost_model(
     num_microbatches: int,
     group_size: int | None = None,
     settings: MemorySettings = PLAIN,
+    overlap: EpOverlap = NO_EP_OVERLAP,
 ) -> CostModel:
     """Arrays over the model's units for a run of ``parallel`` sizes and ``num_microbatches``,
-    with the memory the job's ``settings`` (recompute, optimizer precision, offload) imply."""
+    with the memory the job's ``settings`` (recompute, optimizer precision, offload) imply and
+    the merged steps of its EP all-to-all ``overlap``."""
     sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
     units = tuple(sizes)
     missing = [u for u in units if u not in costs.forward_ms]
@@ -124,14 +143,18 @@ def build_cost_model(
     calibration = np.array([costs.memory_calibration.get(u, 1.0) for u in units])
     layers = (*DECODER_UNITS, MTP)
     static = [static_bytes(sizes[u].params, parallel, settings, fp8=u in layers) for u in units]
-    in_flight = in_flight_at_peak(parallel.pp, parallel.vpp, num_microbatches, group_size)
+    in_flight = in_flight_at_peak(
+        parallel.pp, parallel.vpp, num_microbatches, group_size, overlap.on
+    )
+    forward = np.array([costs.forward_ms[u] for u in units])
+    backward = np.array([costs.backward_ms[u] for u in units])
     embedding = static_bytes(sizes[EMBEDDING].params, parallel, settings)
     saving = np.array([block_saving(model, parallel, u, settings) for u in units]) * calibration
     return CostModel(
         units=units,
         moe_pattern=model.moe_layer_pattern,
-        forward_ms=np.array([costs.forward_ms[u] for u in units]),
-        backward_ms=np.array([costs.backward_ms[u] for u in units]),
+        forward_ms=forward,
+        backward_ms=backward,
         jitter_cv=np.array([costs.jitter_cv.get(u, 0.0) for u in units]),
         static_bytes=np.array([m.total for m in static]),
         activation_bytes=np.array([activation_bytes(model, parallel, u, settings) for u in units])
@@ -153,4 +176,22 @@ def build_cost_model(
         block_layers=settings.recompute_num_layers if saving.any() else 0,
         block_saving_bytes=saving if saving.any() else None,
         recompute_bytes=recompute_bytes(model, parallel, settings),
+        merge=_merge(model, units, forward, backward, costs.a2a_ms, overlap),
     )
+
+
+def _merge(
+    model: ModelSpec,
+    units: tuple[str, ...],
+    forward: np.ndarray,
+    backward: np.ndarray,
+    a2a: float,
+    overlap: EpOverlap,
+) -> MergeSavings | None:
+    """What combined 1F1B's merged layer pairs hide (None without it): decoder layers only."""
+    if not overlap.on:
+        return None
+    decoder = {u: moe for u, moe in layer_units(model).items() if u in DECODER_UNITS}
+    shares = {u: attention_share(model, moe) for u, moe in decoder.items()}
+    moe_units = [u for u, moe in decoder.items() if moe]
+    return merge_savings(units, forward, backward, shares, a2a, moe_units, overlap.delay_wgrad)

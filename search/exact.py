@@ -27,6 +27,7 @@ import numpy as np
 
 from ray_layout.model.sizing import GIB
 from search.bounds import PRUNE_TOLERANCE_MS, Bound, ItemSums, Node, bound_for, item_sums
+from search.combined import lower_bound_model
 from search.evaluate import CostModel, score, stage_times, tail_ms
 from search.incumbent import downhill, seed_cuts
 from search.paths import CutBounds, PathCut, allowed_ends, critical_paths
@@ -326,6 +327,7 @@ class _Tree:
 
 def _cut_bounds(
     best: _Best,
+    cost_model: CostModel,
     sums: ItemSums,
     steps: dict[tuple[int, ...], float],
     *,
@@ -333,8 +335,9 @@ def _cut_bounds(
     relaxation_s: float,
 ) -> tuple[CutBounds, Relaxation | None]:
     """Cuts from the critical paths of the best incumbents, and for interleaved spaces the LP
-    relaxation's mixed path (solved here unless a previous search passes it on)."""
-    space, program, cost_model = best.space, best.program, best.cost_model
+    relaxation's mixed path (solved here unless a previous search passes it on), on the
+    bounds' ``cost_model``."""
+    space, program = best.space, best.program
     found = _critical_paths(space, program, cost_model, sorted(steps, key=steps.__getitem__)[:CUTS])
     cuts = [rank_paths[int(np.argmax(ends))] for ends, rank_paths in found]
     if space.vpp > 1 and relaxation is None:
@@ -373,7 +376,8 @@ def exact_search(
         raise ValueError("exact search covers spaces of non-empty stages")
     if space.num_stages < 2:
         raise ValueError("exact search needs at least two stages")
-    sums = item_sums(cost_model, space)
+    lower = lower_bound_model(cost_model)  # combined 1F1B: all-to-alls may all hide
+    sums = item_sums(lower, space)
     best = _Best(
         space,
         program,
@@ -385,7 +389,7 @@ def exact_search(
         progress=progress,
     )
     deadline = time.monotonic() + time_limit_s
-    bound = bound_for(space, program, cost_model, sums)
+    bound = bound_for(space, program, lower, sums)
     steps = best.incumbents(seed_cuts(space, sums.load))
     if steps:
         steps |= best.incumbents(
@@ -395,7 +399,7 @@ def exact_search(
     if steps:
         relaxation_s = min(RELAXATION_SHARE * time_limit_s, RELAXATION_LIMIT_S)
         cuts, relaxation = _cut_bounds(
-            best, sums, steps, relaxation=relaxation, relaxation_s=relaxation_s
+            best, lower, sums, steps, relaxation=relaxation, relaxation_s=relaxation_s
         )
     tree = _Tree(
         best,

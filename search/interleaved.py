@@ -25,10 +25,13 @@ def schedule_table(num_microbatches: int, vpp: int, group_size: int) -> tuple[tu
     return tuple(table)
 
 
-def interleaved_warmup(pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int):
-    """(warm-up forwards, all forwards in warm-up) of ``get_pp_rank_microbatches``."""
+def interleaved_warmup(
+    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int, combined: bool = False
+):
+    """(warm-up forwards, all forwards in warm-up) of ``get_pp_rank_microbatches``; combined
+    1F1B runs one more, so that each merged forward and backward are independent."""
     total = num_microbatches * vpp
-    warmup = (pp - rank - 1) * 2 + (vpp - 1) * group_size
+    warmup = (pp - rank - 1) * 2 + (vpp - 1) * group_size + combined
     return (total, True) if warmup >= total else (warmup, False)
 
 
@@ -78,21 +81,23 @@ class InterleavedRank:
         table = schedule_table(self.num_microbatches, self.vpp, self.group_size)
         return Compute(FORWARD, table[virtual][0], chunk), sends
 
-    def backward(self, virtual: int) -> tuple[Compute, str | None]:
+    def backward(self, virtual: int, merged: bool = False) -> tuple[Compute, str | None]:
+        """The backward and its send; ``merged``: run in one step with the forward before it."""
         chunk = self.chunk(virtual, False)
         sends = None if (self.first and chunk == 0) else Transfer.SEND_PREV
         table = schedule_table(self.num_microbatches, self.vpp, self.group_size)
-        return Compute(BACKWARD, table[virtual % self.total][0], chunk), sends
+        return Compute(BACKWARD, table[virtual % self.total][0], chunk, merged), sends
 
 
 def interleaved_ops(
-    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int
+    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int, combined: bool = False
 ) -> list[Op]:
-    """``forward_backward_pipelining_with_interleaving`` (no p2p overlap) for one rank."""
+    """``forward_backward_pipelining_with_interleaving`` (no p2p overlap) for one rank;
+    ``combined``: with ``overlap_moe_expert_parallel_comm`` (combined 1F1B)."""
     at = InterleavedRank(pp, rank, vpp, num_microbatches, group_size)
     total, first, last = at.total, at.first, at.last
     receives, forward, backward = at.receives, at.forward, at.backward
-    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size)
+    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size, combined)
     remaining = total - warmup
 
     ops: list[Op | None] = [p2p_call("recv_forward", None if first else Transfer.RECV_PREV)]
@@ -120,7 +125,7 @@ def interleaved_ops(
             )
     for k in range(remaining):
         f_compute, send_next = forward(k + warmup)
-        b_compute, send_prev = backward(k)
+        b_compute, send_prev = backward(k, combined)
         recv_prev = receives(k + warmup, True) and k != remaining - 1
         recv_next = receives(k, False)
         ops += [

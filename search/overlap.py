@@ -29,9 +29,6 @@ def overlap_p2p_comm(args: Sequence[str], source: str = "megatron_args") -> bool
 _UNSIMULATED = {
     "overlap_p2p_comm_warmup_flush": "--overlap-p2p-communication-warmup-flush (the warm-up "
     "and cool-down also post early; simulated as without it)",
-    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm (megatron-core's "
-    "combined 1F1B, which hides EP all-to-all under another micro-batch's compute; simulated "
-    "without that overlap)",
 }
 
 
@@ -76,12 +73,14 @@ class _Handles:
 
 
 def interleaved_overlap_ops(
-    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int
+    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int, combined: bool = False
 ) -> list[Op]:
-    """One rank's interleaved schedule with overlapped p2p, in Megatron's order."""
+    """One rank's interleaved schedule with overlapped p2p, in Megatron's order.  ``combined``
+    (combined 1F1B): each steady step waits for both of its inputs first, runs its forward and
+    backward as one step, then posts both sends (the schedule plan's hooks)."""
     at = InterleavedRank(pp, rank, vpp, num_microbatches, group_size)
     total, first, last = at.total, at.first, at.last
-    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size)
+    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size, combined)
     remaining = total - warmup
     ops: list[Op] = [] if first else [P2PCall("recv_forward", (Transfer.RECV_PREV,))]
     handles = _Handles(ops)
@@ -95,20 +94,30 @@ def interleaved_overlap_ops(
             handles.post("send_backward_recv_backward", None, None if last else Transfer.RECV_NEXT)
     for k in range(remaining):
         forward_k = k + warmup
-        if not (first and at.chunk(forward_k, True) == 0):
-            handles.wait_receive(Transfer.RECV_PREV)
-        compute, send_next = at.forward(forward_k)
+        f_compute, send_next = at.forward(forward_k)
+        b_compute, send_prev = at.backward(k, combined)
         recv_prev = at.receives(forward_k, True) and k != remaining - 1
-        ops.append(compute)
-        handles.post(
-            "send_forward_recv_forward", send_next, Transfer.RECV_PREV if recv_prev else None
-        )
-        if not (last and at.chunk(k, False) == vpp - 1):
+        receive_prev = Transfer.RECV_PREV if recv_prev else None
+        receive_next = Transfer.RECV_NEXT if at.receives(k, False) else None
+        wait_prev = not (first and f_compute.chunk == 0)
+        wait_next = not (last and b_compute.chunk == vpp - 1)
+        if combined:
+            if wait_prev:
+                handles.wait_receive(Transfer.RECV_PREV)
+            if wait_next:
+                handles.wait_receive(Transfer.RECV_NEXT)
+            ops += [f_compute, b_compute]
+            handles.post("send_forward_recv_forward", send_next, receive_prev)
+            handles.post("send_backward_recv_backward", send_prev, receive_next)
+            continue
+        if wait_prev:
+            handles.wait_receive(Transfer.RECV_PREV)
+        ops.append(f_compute)
+        handles.post("send_forward_recv_forward", send_next, receive_prev)
+        if wait_next:
             handles.wait_receive(Transfer.RECV_NEXT)
-        compute, send_prev = at.backward(k)
-        ops.append(compute)
-        receive = Transfer.RECV_NEXT if at.receives(k, False) else None
-        handles.post("send_backward_recv_backward", send_prev, receive)
+        ops.append(b_compute)
+        handles.post("send_backward_recv_backward", send_prev, receive_next)
     if all_warmup and not last:
         ops.append(P2PCall("recv_backward", (Transfer.RECV_NEXT,)))
     for k in range(remaining, total):

@@ -27,8 +27,9 @@ from ray_layout.model.split import (
     default_layout,
     virtual_pipeline_size,
 )
+from search.combined import NO_EP_OVERLAP, EpOverlap, ep_overlap
 from search.cost_model import CostModel, build_cost_model
-from search.evaluate import monte_carlo, stage_times, standard_normals, tail_ms
+from search.evaluate import hidden_ms, monte_carlo, stage_times, standard_normals, tail_ms
 from search.memory_settings import MemorySettings, memory_settings
 from search.overlap import overlap_p2p_comm
 from search.ranking import Candidate, PlanOptions, ShardResult, candidates_of, merge
@@ -147,6 +148,7 @@ class Problem:
     split: PipelineSplit = field(default_factory=PipelineSplit)
     memory: MemorySettings = field(default_factory=MemorySettings)  # the job's memory flags
     overlap_p2p: bool = False  # the job's overlap_p2p_comm: interleaved p2p posted, waited later
+    ep_overlap: EpOverlap = NO_EP_OVERLAP  # the job's EP all-to-all overlap (combined 1F1B)
 
     @classmethod
     def of(
@@ -154,11 +156,41 @@ class Problem:
     ) -> Problem:
         """A recipe's problem: its model, parallel sizes, split, memory and p2p flags, so no
         caller drops one."""
-        settings = memory_settings(recipe.megatron_args)
-        overlap = overlap_p2p_comm(recipe.megatron_args)
+        args = recipe.megatron_args
+        settings, overlap = memory_settings(args), overlap_p2p_comm(args)
         return cls(
-            recipe.model, recipe.parallel, costs, spec, options, recipe.split, settings, overlap
+            recipe.model,
+            recipe.parallel,
+            costs,
+            spec,
+            options,
+            recipe.split,
+            settings,
+            overlap,
+            ep_overlap(args),
         )
+
+    def schedule(self, parallel: ParallelConfig) -> tuple[Program, CostModel]:
+        """The job's compiled schedule and cost model at ``parallel``'s sizes (its PP and VPP)."""
+        spec = self.spec
+        program = compile_schedule(
+            parallel.pp,
+            parallel.vpp,
+            spec.num_microbatches,
+            spec.group_size,
+            self.overlap_p2p,
+            self.ep_overlap.on,
+        )
+        cost_model = build_cost_model(
+            self.model,
+            parallel,
+            self.costs,
+            spec.num_microbatches,
+            spec.group_size,
+            self.memory,
+            self.ep_overlap,
+        )
+        return program, cost_model
 
 
 def plan(
@@ -172,25 +204,14 @@ def plan(
     tasks)`` returns ``[function(task) for task in tasks]`` in order, wherever it runs them
     (None: here, one after another).
     """
-    model, parallel, costs, spec, options = (
-        problem.model,
-        problem.parallel,
-        problem.costs,
-        problem.spec,
-        problem.options,
-    )
+    model, parallel, spec, options = problem.model, problem.parallel, problem.spec, problem.options
     space = LayoutSpace.of(
         model,
         parallel,
         allow_empty_stages=spec.allow_empty_stages,
         allow_standalone_mtp=spec.allow_standalone_mtp,
     )
-    program = compile_schedule(
-        parallel.pp, parallel.vpp, spec.num_microbatches, spec.group_size, problem.overlap_p2p
-    )
-    cost_model = build_cost_model(
-        model, parallel, costs, spec.num_microbatches, spec.group_size, problem.memory
-    )
+    program, cost_model = problem.schedule(parallel)
     grid_ms = ideal_step_ms(cost_model, space, program) * options.tie_tolerance
     counted = space.count()
     if counted.total == 0:
@@ -237,14 +258,7 @@ def score_given(layout: Layout, problem: Problem) -> Candidate:
 
 
 def _schedule_for(layout: Layout, problem: Problem) -> tuple[Program, CostModel]:
-    run, spec = replace(problem.parallel, vpp=layout.vpp), problem.spec
-    program = compile_schedule(
-        run.pp, run.vpp, spec.num_microbatches, spec.group_size, problem.overlap_p2p
-    )
-    cost_model = build_cost_model(
-        problem.model, run, problem.costs, spec.num_microbatches, spec.group_size, problem.memory
-    )
-    return program, cost_model
+    return problem.schedule(replace(problem.parallel, vpp=layout.vpp))
 
 
 @dataclass(frozen=True)
@@ -264,7 +278,16 @@ def simulate_given(layout: Layout, problem: Problem) -> LayoutSimulation:
     _, _, counts = _layout_counts(layout, cost_model)
     forward, backward = stage_times(cost_model, counts)
     tail = tail_ms(cost_model, counts, program.pp)
-    times = simulate(program, forward.T, backward.T, cost_model.p2p_ms, tail.T, keep_events=True)
+    hidden = hidden_ms(program, cost_model, counts)
+    times = simulate(
+        program,
+        forward.T,
+        backward.T,
+        cost_model.p2p_ms,
+        tail.T,
+        keep_events=True,
+        hidden_ms=hidden,
+    )
     return LayoutSimulation(
         candidate=score_layout(layout, program, cost_model, problem.options),
         events=tuple(timeline(program, times)),

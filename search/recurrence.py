@@ -26,7 +26,7 @@ class Instruction:
     """One op: a computation (``slot``/``noise_row`` set) or a p2p call (``transfers`` set)."""
 
     rank: int
-    slot: int  # compute: row of the (2S, batch) durations; -1 for a call
+    slot: int  # compute: row of the program's evaluation table; -1 for a call
     noise_row: int  # compute: its row among the compute ops (per-op noise)
     call: int  # p2p call: its op id, the key of its posted time
     own: int  # the call whose posted time starts its transfers: itself, or a wait's post
@@ -37,10 +37,15 @@ class Instruction:
 
 @cache
 def instructions(
-    pp: int, vpp: int, num_microbatches: int, group_size: int, overlap_p2p: bool = False
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    group_size: int,
+    overlap_p2p: bool = False,
+    combined: bool = False,
 ) -> tuple[tuple[Instruction, ...], tuple[int, ...]]:
     """The program as instructions in dependency order, and the calls posted at time zero."""
-    program = compile_schedule(pp, vpp, num_microbatches, group_size, overlap_p2p)
+    program = compile_schedule(pp, vpp, num_microbatches, group_size, overlap_p2p, combined)
     following = {int(prev): op for op, prev in enumerate(program.previous) if prev >= 0}
     posting = ~program.is_compute & (program.own == np.arange(len(program.own)))
     last_read: dict[int, int] = {}
@@ -62,7 +67,7 @@ def instructions(
         code.append(
             Instruction(
                 rank=int(program.rank[op]),
-                slot=int(program.compute_slot[op]),
+                slot=int(program.evaluation_slot[op]),
                 noise_row=int(noise_rows[op]),
                 call=-1 if program.is_compute[op] else op,
                 own=int(program.own[op]),
@@ -83,11 +88,16 @@ def finish_times(
 ) -> np.ndarray:
     """(PP, batch) when each rank's last pipeline op ends.
 
-    ``durations``: (2S, batch) forward rows then backward rows per flat stage; ``p2p_ms``: (PP,)
-    or (PP, batch) per boundary; ``noise``: optional (compute ops, batch) multipliers.
+    ``durations``: the program's evaluation table (``Program.evaluation_table``); ``p2p_ms``:
+    (PP,) or (PP, batch) per boundary; ``noise``: optional (compute ops, batch) multipliers.
     """
     code, first_calls = instructions(
-        program.pp, program.vpp, program.num_microbatches, program.group_size, program.overlap_p2p
+        program.pp,
+        program.vpp,
+        program.num_microbatches,
+        program.group_size,
+        program.overlap_p2p,
+        program.combined,
     )
     zero = np.zeros(durations.shape[1])
     links = list(np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1))
@@ -128,8 +138,10 @@ def step_ms(
     p2p_ms: np.ndarray,
     tail_ms: np.ndarray,
     noise: np.ndarray | None = None,
+    hidden_ms: np.ndarray | None = None,
 ) -> np.ndarray:
-    """(batch,) step time: the slowest rank's pipeline end plus its tail.  ``forward_ms`` and
-    ``backward_ms`` are (S, batch), ``tail_ms`` (PP, batch), as ``simulator.simulate`` takes."""
-    durations = np.ascontiguousarray(np.concatenate([forward_ms, backward_ms]), dtype=float)
+    """(batch,) step time: the slowest rank's pipeline end plus its tail.  ``forward_ms``,
+    ``backward_ms``, ``tail_ms`` and ``hidden_ms`` as ``simulator.simulate`` takes them."""
+    table = program.evaluation_table(forward_ms, backward_ms, hidden_ms)
+    durations = np.ascontiguousarray(table, dtype=float)
     return (finish_times(program, durations, p2p_ms, noise) + tail_ms).max(axis=0)

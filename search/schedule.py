@@ -25,6 +25,7 @@ import numpy as np
 
 FORWARD, BACKWARD = "F", "B"
 ONE_F_ONE_B, INTERLEAVED, INTERLEAVED_OVERLAP_P2P = "1f1b", "interleaved", "interleaved-overlap-p2p"
+COMBINED_1F1B = "combined-1f1b"
 
 
 class Transfer(StrEnum):
@@ -38,11 +39,14 @@ class Transfer(StrEnum):
 
 @dataclass(frozen=True)
 class Compute:
-    """A forward or backward of one micro-batch through one virtual chunk."""
+    """A forward or backward of one micro-batch through one virtual chunk.  ``merged``: a
+    backward that runs as one step with the forward just before it on its rank (megatron-core's
+    combined 1F1B), each hiding its EP all-to-alls under the other's compute."""
 
     kind: str  # FORWARD or BACKWARD
     microbatch: int
     chunk: int
+    merged: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,26 +151,39 @@ def rank_ops(
     num_microbatches: int,
     group_size: int | None = None,
     overlap_p2p: bool = False,
+    combined: bool = False,
 ):
     """Every rank's op list in Megatron's order; ``overlap_p2p`` (``overlap_p2p_comm``) applies
-    to the interleaved schedule only, as in Megatron (1F1B always blocks)."""
-    from search.interleaved import interleaved_ops  # both build on this module's vocabulary
+    to the interleaved schedule only, as in Megatron (1F1B always blocks); ``combined``
+    (``overlap_moe_expert_parallel_comm``) merges each steady forward with its backward."""
+    from search.combined import NEEDS_VPP, no_pipelining_ops  # all build on this vocabulary
+    from search.interleaved import interleaved_ops
     from search.overlap import interleaved_overlap_ops
 
     group_size = group_size or pp
     _check_sizes(pp, vpp, num_microbatches, group_size)
+    if combined and pp == 1:
+        return [no_pipelining_ops(num_microbatches)]
+    if combined and vpp == 1:
+        raise ValueError(NEEDS_VPP)
     if vpp == 1:
         return [one_f_one_b_ops(pp, rank, num_microbatches) for rank in range(pp)]
     ops_of = interleaved_overlap_ops if overlap_p2p else interleaved_ops
-    return [ops_of(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp)]
+    return [ops_of(pp, rank, vpp, num_microbatches, group_size, combined) for rank in range(pp)]
 
 
-def compute_order(pp: int, vpp: int, num_microbatches: int, group_size: int | None = None):
+def compute_order(
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    group_size: int | None = None,
+    combined: bool = False,
+):
     """Per rank, the forward/backward computations alone, in order (the same in both p2p
-    modes)."""
+    modes; combined 1F1B runs one more forward in the warm-up)."""
     return [
         [op for op in ops if isinstance(op, Compute)]
-        for ops in rank_ops(pp, vpp, num_microbatches, group_size)
+        for ops in rank_ops(pp, vpp, num_microbatches, group_size, combined=combined)
     ]
 
 
@@ -176,7 +193,7 @@ class Wave:
 
     compute: np.ndarray  # op ids
     compute_previous: np.ndarray
-    compute_slot: np.ndarray  # stage slot: chunk*PP + rank, + stages for a backward
+    compute_slot: np.ndarray  # row of the evaluation table (``Program.evaluation_slot``)
     compute_index: np.ndarray  # position among compute ops (for per-op noise)
     calls: np.ndarray  # p2p call and wait op ids
     call_previous: np.ndarray
@@ -194,11 +211,15 @@ class Program:
     num_microbatches: int
     group_size: int  # micro-batches per group of the interleaved schedule (PP by default)
     overlap_p2p: bool  # the interleaved schedule's p2p calls post early and are waited later
+    combined: bool  # combined 1F1B: steady forwards and backwards merged (EP all-to-all overlap)
     order: tuple[int, ...]  # op ids in an order where every dependency comes first
     rank: np.ndarray  # op id -> PP rank
     previous: np.ndarray  # op id -> previous op on the same rank, -1 for the first
     is_compute: np.ndarray
     compute_slot: np.ndarray  # op id -> (rank, chunk, F/B) slot: chunk*PP+rank, +S for backward
+    # op id -> row of the evaluation table: the compute slot, or for a merged backward 2S + its
+    # pair (rank*VPP + forward chunk)*VPP + backward chunk, whose row is B less what it hides
+    evaluation_slot: np.ndarray
     transfers: tuple[tuple[tuple[int, int], ...], ...]  # op id -> ((partner op, link rank), ...)
     own: np.ndarray  # op id -> the call that posts its transfers: itself, or a wait's post
     last_op: np.ndarray  # rank -> its last op id
@@ -212,6 +233,8 @@ class Program:
     @property
     def schedule(self) -> str:
         """The schedule's name in reports and ``plan --json``."""
+        if self.combined:
+            return COMBINED_1F1B
         if self.vpp == 1:
             return ONE_F_ONE_B
         return INTERLEAVED_OVERLAP_P2P if self.overlap_p2p else INTERLEAVED
@@ -219,6 +242,26 @@ class Program:
     @property
     def num_compute(self) -> int:
         return int(self.is_compute.sum())
+
+    @property
+    def pair_backward_slot(self) -> np.ndarray:
+        """(PP x VPP x VPP,) the backward slot of each merged pair's row."""
+        rank, _, chunk = np.meshgrid(
+            np.arange(self.pp), np.arange(self.vpp), np.arange(self.vpp), indexing="ij"
+        )
+        return (self.num_stages + chunk * self.pp + rank).ravel()
+
+    def evaluation_table(self, forward_ms, backward_ms, hidden_ms=None) -> np.ndarray:
+        """(rows, batch) durations the op's ``evaluation_slot`` indexes: forwards, backwards,
+        and for combined 1F1B each merged pair's backward less ``hidden_ms`` (PP x VPP x VPP,
+        batch; None: nothing hidden)."""
+        table = np.concatenate([forward_ms, backward_ms])
+        if not self.combined:
+            return table
+        merged = table[self.pair_backward_slot]
+        if hidden_ms is not None:
+            merged = merged - hidden_ms
+        return np.concatenate([table, merged])
 
 
 _MAX_TRANSFERS = 4
@@ -285,6 +328,7 @@ def compile_schedule(
     num_microbatches: int,
     group_size: int | None = None,
     overlap_p2p: bool = False,
+    combined: bool = False,
 ) -> Program:
     """Pair every transfer with its partner call and order all ops so dependencies come first.
     A non-blocking call takes no time; each :class:`Wait` carries its post's transfer.
@@ -292,7 +336,7 @@ def compile_schedule(
     Raises ``RuntimeError`` if the calls deadlock, which would mean the op lists are wrong.
     """
     overlap_p2p = overlap_p2p and vpp > 1
-    per_rank = rank_ops(pp, vpp, num_microbatches, group_size, overlap_p2p)
+    per_rank = rank_ops(pp, vpp, num_microbatches, group_size, overlap_p2p, combined)
     ops: list[Op] = []
     rank_of: list[int] = []
     ids: list[list[int]] = []
@@ -364,9 +408,16 @@ def compile_schedule(
             raise RuntimeError("the p2p calls deadlock; the schedule's op lists are inconsistent")
     stages = pp * vpp
     slots = np.full(len(ops), -1)
+    evaluation = np.full(len(ops), -1)
     for op_id, op in enumerate(ops):
         if isinstance(op, Compute):
             slots[op_id] = op.chunk * pp + rank_of[op_id] + (stages if op.kind == BACKWARD else 0)
+            evaluation[op_id] = slots[op_id]
+            if op.merged:
+                forward = ops[op_id - 1]
+                assert isinstance(forward, Compute) and forward.kind == FORWARD
+                pair = (rank_of[op_id] * vpp + forward.chunk) * vpp + op.chunk
+                evaluation[op_id] = 2 * stages + pair
     previous = np.array(
         [rank_ids[i - 1] if i else -1 for rank_ids in ids for i in range(len(rank_ids))]
     )
@@ -377,14 +428,16 @@ def compile_schedule(
         num_microbatches=num_microbatches,
         group_size=group_size or pp,
         overlap_p2p=overlap_p2p,
+        combined=combined,
         order=tuple(order),
         rank=np.array(rank_of),
         previous=previous,
         is_compute=is_compute,
         compute_slot=slots,
+        evaluation_slot=evaluation,
         transfers=tuple(transfers),
         own=own,
         last_op=np.array([rank_ids[-1] for rank_ids in ids]),
-        waves=_waves(order, previous, transfers, own, is_compute, slots, pp),
+        waves=_waves(order, previous, transfers, own, is_compute, evaluation, pp),
         ops=tuple(ops),
     )

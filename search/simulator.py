@@ -49,18 +49,20 @@ def simulate(
     tail_ms: np.ndarray | None = None,
     noise: np.ndarray | None = None,
     keep_events: bool = False,
+    hidden_ms: np.ndarray | None = None,
 ) -> StepTimes:
     """Evaluate ``program`` for a batch of duration sets.
 
     ``forward_ms``/``backward_ms``: (stages, batch) per flat stage (chunk*PP + rank) and micro-
     batch; ``p2p_ms``: (PP, batch), one transfer across the boundary after rank r (r -> r+1,
     wrapping); ``tail_ms``: (PP, batch) after the pipeline; ``noise``: optional (compute ops,
-    batch) multipliers for each compute op in program order of op ids.
+    batch) multipliers for each compute op in program order of op ids; ``hidden_ms``: for
+    combined 1F1B, (PP x VPP x VPP, batch) what each merged pair hides (``search.combined``).
     """
     forward_ms = np.atleast_2d(np.asarray(forward_ms, dtype=float))
     backward_ms = np.atleast_2d(np.asarray(backward_ms, dtype=float))
     batch = forward_ms.shape[1]
-    durations = np.concatenate([forward_ms, backward_ms])  # slot -> duration
+    durations = program.evaluation_table(forward_ms, backward_ms, hidden_ms)  # slot -> duration
     links = np.zeros((program.pp + 1, batch))  # the extra row is the free padding link
     links[:-1] = np.broadcast_to(
         np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1), (program.pp, batch)

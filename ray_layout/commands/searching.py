@@ -33,6 +33,8 @@ from ray_layout.model.costs import (
 from ray_layout.model.layout import check_interleaving
 from ray_layout.model.sizing import DECODER_UNITS
 from ray_layout.model.spec import Recipe
+from search.combined import ep_overlap, rule_violations
+from search.memory_settings import memory_settings
 from search.overlap import overlap_p2p_comm
 from search.planner import Candidate, PlanOptions, SearchSpec
 from search.schedule import compile_schedule
@@ -161,8 +163,18 @@ def microbatch_count(recipe: Recipe, given: int | None, group_size: int | None =
             f"forward passes per step, more than the {MAX_SCHEDULE_SLOTS:,} a search simulates; "
             "give fewer micro-batches"
         )
-    overlap = overlap_p2p_comm(recipe.megatron_args)
-    check_interleaving(parallel.pp, parallel.vpp, overlap_p2p_comm=overlap)
+    args = recipe.megatron_args
+    check_interleaving(parallel.pp, parallel.vpp, overlap_p2p_comm=overlap_p2p_comm(args))
+    violations = rule_violations(
+        ep_overlap(args),
+        pp=parallel.pp,
+        vpp=parallel.vpp,
+        ep=parallel.ep,
+        mtp_num_layers=recipe.model.mtp_num_layers,
+        recompute_granularity=memory_settings(args).recompute_granularity,
+    )
+    if violations:
+        raise ConfigError("; ".join(violations))
     try:
         compile_schedule(parallel.pp, parallel.vpp, microbatches, group_size)
     except ValueError as exc:

@@ -38,9 +38,18 @@ def megatron_order(pp: int, rank: int, vpp: int, microbatches: int, group: int):
     return order
 
 
-def megatron_ops(pp: int, rank: int, vpp: int, microbatches: int, group: int, overlap_p2p: bool):
+def megatron_ops(
+    pp: int,
+    rank: int,
+    vpp: int,
+    microbatches: int,
+    group: int,
+    overlap_p2p: bool,
+    ep_overlap: bool = False,
+):
     """Every op of one rank (computations, p2p calls, waits) as megatron-core's interleaved
-    schedule function issues them, run with stub communicators (the emulator's own trace)."""
+    schedule function issues them, run with stub communicators (the emulator's own trace);
+    ``ep_overlap``: with ``overlap_moe_expert_parallel_comm`` (combined 1F1B)."""
     from launchers.emulated.megatron_trace import traced_program
 
-    return traced_program(pp, rank, vpp, microbatches, group, overlap_p2p)
+    return traced_program(pp, rank, vpp, microbatches, group, overlap_p2p, ep_overlap)

@@ -11,8 +11,9 @@ from ray_layout.model.loading import load_recipe
 from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import with_parallel
 from ray_layout.model.split import PipelineSplit
+from search.combined import merge_savings
 from search.cost_model import CostModel, in_flight_at_peak
-from search.evaluate import _standalone_rank, stage_times, tail_ms
+from search.evaluate import _standalone_rank, hidden_ms, stage_times, tail_ms
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.schedule import Program, compile_schedule
 from search.simulator import simulate
@@ -61,7 +62,10 @@ def plain_steps(space: LayoutSpace, program: Program, cost_model: CostModel):
     counts = space.unit_counts(cuts, cost_model.units, cost_model.moe_pattern)
     forward, backward = stage_times(cost_model, counts)
     tail = tail_ms(cost_model, counts, program.pp)
-    step = simulate(program, forward.T, backward.T, cost_model.p2p_ms, tail.T).step
+    hidden = hidden_ms(program, cost_model, counts)
+    step = simulate(
+        program, forward.T, backward.T, cost_model.p2p_ms, tail.T, hidden_ms=hidden
+    ).step
     standalone = _standalone_rank(counts, cost_model, program.pp).any(axis=1)
     return cuts, step * np.where(standalone, cost_model.mtp_standalone_factor, 1.0)
 
@@ -81,6 +85,22 @@ def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail, overlap_p2p=Fa
     program = compile_schedule(pp, vpp, microbatches, overlap_p2p=overlap_p2p)
     model = toy_cost_model(pp, vpp, microbatches, layers=layers, forward=unit, p2p=p2p,
                            tail_ms_per_gparam=tail)  # fmt: skip
+    return (space, program, model, *plain_steps(space, program, model))
+
+
+def combined_toy_case(layers, mtp, pp, vpp, microbatches, unit, a2a, overlap_p2p):
+    """``toy_case`` under combined 1F1B: MoE layers (t) whose forward and backward each carry
+    two all-to-alls of ``a2a`` ms, 40% of their compute attention, the weight gradient
+    delayed."""
+    space = LayoutSpace(layers, mtp, pp, vpp)
+    if space.count().total == 0:
+        return None
+    program = compile_schedule(pp, vpp, microbatches, overlap_p2p=overlap_p2p, combined=True)
+    model = toy_cost_model(pp, vpp, microbatches, layers=layers, forward=unit, p2p=0.5)
+    merge = merge_savings(
+        model.units, model.forward_ms, model.backward_ms, {"t": 0.4}, a2a, ["t"], True
+    )
+    model = replace(model, merge=merge)
     return (space, program, model, *plain_steps(space, program, model))
 
 
