@@ -19,6 +19,7 @@ from ray_layout.model.layout import Layout, validate
 from ray_layout.model.megatron_args import check_arguments, megatron_flag_table, parse_flags
 from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.spec import ModelSpec, ParallelConfig, with_parallel
+from search.combined import EpOverlap, ep_overlap, rule_violations
 from search.memory_settings import MemorySettings, memory_settings
 from search.overlap import overlap_p2p_comm
 
@@ -39,6 +40,7 @@ class RunConfig:
     num_microbatches: int
     group_size: int  # --microbatch-group-size-per-virtual-pipeline-stage, PP by default
     overlap_p2p: bool  # interleaved p2p overlapped: Megatron's default, off by its flag or VPP 1
+    ep_overlap: EpOverlap  # EP all-to-all overlap: combined 1F1B's merged steps
     memory: MemorySettings  # recompute, optimizer dtypes, offload: what the rank's peak follows
     train_iters: int
     log_interval: int
@@ -112,6 +114,17 @@ def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
             f"{ARGUMENTS_SOURCE}: the last micro-batch group ({num_microbatches % group_size}) is "
             f"smaller than PP ({parallel.pp})"
         )
+    overlap = ep_overlap(argv, ARGUMENTS_SOURCE)
+    violations = rule_violations(
+        overlap,
+        pp=parallel.pp,
+        vpp=layout.vpp,
+        ep=parallel.ep,
+        mtp_num_layers=model.mtp_num_layers,
+        recompute_granularity=memory_settings(recipe.megatron_args).recompute_granularity,
+    )
+    if violations:
+        raise ConfigError(f"{ARGUMENTS_SOURCE}: {violations[0]}")
     return RunConfig(
         model=model,
         parallel=parallel,
@@ -119,6 +132,7 @@ def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
         num_microbatches=num_microbatches,
         group_size=group_size,
         overlap_p2p=layout.vpp > 1 and overlap_p2p_comm(argv, ARGUMENTS_SOURCE),
+        ep_overlap=overlap,
         memory=memory_settings(recipe.megatron_args),
         train_iters=train_iters,
         log_interval=flag("--log-interval"),

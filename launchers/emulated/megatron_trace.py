@@ -7,10 +7,17 @@ posts its isend/irecv) and hands back handles whose ``wait()`` records a :class:
 overlapped order (receives waited just before the compute that needs them, a send waited when
 the next one of its direction is posted) is then Megatron's by construction, not a reading of
 it; the emulator follows it and the simulator's own version is tested against it.
+
+With ``overlap_moe_expert_parallel_comm`` (combined 1F1B) Megatron's own
+``combined_1f1b_schedule_for_interleaved_pipelining`` runs too; only the model chunk's schedule
+plan (``TransformerModelChunkSchedulePlan.run``, which needs a GPTModel on a GPU) is replaced by
+a stub that calls the p2p hooks where the plan calls them: ``pre_forward``, ``pre_backward``,
+the merged forward and backward, ``post_forward``, ``post_backward``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,10 +94,55 @@ class _Recorder:
         return tuple(self._communicate("send_forward_backward_recv_forward_backward", transfers))
 
 
+def _plan_run(recorder: _Recorder):
+    """``combined_forward_backward_step`` with the schedule plan's order of hooks and work
+    (model_chunk_schedule_plan.py, ``TransformerModelChunkSchedulePlan.run``)."""
+
+    def step(*args: Any, f_model_chunk_id=None, current_microbatch=None, **kwargs: Any):
+        f_model, b_model, b_output_tensor = args[2], args[6], args[8]
+        hooks = {
+            name: kwargs.get(name)
+            for name in ("pre_forward", "pre_backward", "post_forward", "post_backward")
+        }
+        forward = f_model is not None
+        chunk = f_model_chunk_id or 0
+        backward = b_output_tensor if b_model is not None else None
+        if forward and hooks["pre_forward"]:
+            hooks["pre_forward"](chunk)
+        if backward and hooks["pre_backward"]:
+            hooks["pre_backward"](backward[1])
+        output = None
+        if forward:
+            recorder.ops.append(Compute(FORWARD, current_microbatch or 0, chunk))
+            output = (current_microbatch or 0, chunk)
+        if backward:
+            recorder.ops.append(Compute(BACKWARD, *backward, merged=forward))
+        if forward and hooks["post_forward"]:
+            hooks["post_forward"](output, chunk)
+        if backward and hooks["post_backward"]:
+            hooks["post_backward"]("gradient", backward[1])
+        return output, 0, "gradient" if backward else None
+
+    return step
+
+
+@contextmanager
+def _swapped(module: Any, swapped: dict[str, Any]) -> Iterator[None]:
+    saved = {name: getattr(module, name) for name in swapped}
+    try:
+        for name, value in swapped.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
 @contextmanager
 def _stubbed(schedules: Any, recorder: _Recorder) -> Iterator[None]:
-    """Swap the schedule module's GPU work and stage tests for the recorder's, then restore."""
+    """Swap the schedule modules' GPU work and stage tests for the recorder's, then restore."""
     import torch
+    from megatron.core.pipeline_parallel import combined_1f1b
 
     def forward_step(*args: Any, current_microbatch: int, vp_stage: int, **kwargs: Any):
         recorder.ops.append(Compute(FORWARD, current_microbatch, vp_stage))
@@ -112,22 +164,24 @@ def _stubbed(schedules: Any, recorder: _Recorder) -> Iterator[None]:
         "is_pp_last_stage": lambda group: rank() == size() - 1,
         "torch": cpu_torch,
     }
-    saved = {name: getattr(schedules, name) for name in swapped}
-    try:
-        for name, value in swapped.items():
-            setattr(schedules, name, value)
+    plan = {"combined_forward_backward_step": _plan_run(recorder), "set_streams": lambda: None}
+    with _swapped(schedules, swapped), _swapped(combined_1f1b, plan):
         yield
-    finally:
-        for name, value in saved.items():
-            setattr(schedules, name, value)
 
 
 def traced_program(
-    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int, overlap_p2p: bool
+    pp: int,
+    rank: int,
+    vpp: int,
+    num_microbatches: int,
+    group_size: int,
+    overlap_p2p: bool,
+    ep_overlap: bool = False,
 ) -> list[Op]:
     """Rank ``rank``'s computations, p2p calls and waits as megatron-core's interleaved schedule
     (VPP > 1) issues them, with ``overlap_p2p_comm`` as given (``batch_p2p_comm`` its opposite,
-    as Megatron-LM's arguments set it)."""
+    as Megatron-LM's arguments set it) and ``overlap_moe_expert_parallel_comm`` as
+    ``ep_overlap``."""
     with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed"
         warnings.simplefilter("ignore")
         import torch
@@ -146,6 +200,8 @@ def traced_program(
             microbatch_group_size_per_vp_stage=group_size,
             pipeline_dtype=torch.float32,
         )
+    # set after construction: its checks want an EP > 1 MoE model, which the trace never builds
+    config.overlap_moe_expert_parallel_comm = ep_overlap
     chunks = []
     for _ in range(vpp):
         chunk = torch.nn.Module()
@@ -166,4 +222,22 @@ def traced_program(
             p2p_communicator=recorder,
             pg_collection=groups,
         )
+    return recorder.ops
+
+
+def traced_no_pipelining(num_microbatches: int) -> list[Op]:
+    """PP 1 with ``overlap_moe_expert_parallel_comm``: megatron-core's
+    ``combined_1f1b_schedule_for_no_pipelining`` run with the schedule plan stubbed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch
+        from megatron.core.pipeline_parallel import combined_1f1b
+
+    recorder = _Recorder(1, 0, 1, None)
+    plan = {"combined_forward_backward_step": _plan_run(recorder), "set_streams": lambda: None}
+    with _swapped(combined_1f1b, plan):
+        combined_1f1b.combined_1f1b_schedule_for_no_pipelining(
+            None, None, torch.nn.Module(), num_microbatches, None, None, [], None,
+            False, None, False, contextlib.nullcontext, torch.zeros([]), lambda first: first,
+        )  # fmt: skip
     return recorder.ops

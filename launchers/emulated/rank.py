@@ -108,7 +108,12 @@ class EmulatedRank:
         if self.rank == 0:
             shared = [
                 pipeline_programs(
-                    p.pp, p.vpp, config.num_microbatches, config.group_size, config.overlap_p2p
+                    p.pp,
+                    p.vpp,
+                    config.num_microbatches,
+                    config.group_size,
+                    config.overlap_p2p,
+                    config.ep_overlap.on,
                 )
             ]
         dist.broadcast_object_list(shared, src=0)
@@ -193,10 +198,12 @@ class EmulatedRank:
         done: dict[str, tuple[int, int]] = {}  # the latest (micro-batch, stage) of each kind
         pending: dict[tuple[str, int], _Transfer] = {}  # posted, not yet waited: (kind, n-th)
         posts: dict[str, int] = {}
+        forward_chunk = 0  # of the latest forward: a merged backward runs with it
         for op in program:
             if isinstance(op, Compute):
-                self._compute(op, arrived)
+                self._compute(op, arrived, forward_chunk)
                 done[op.kind] = (op.microbatch, op.chunk * self.config.parallel.pp + self.pp_rank)
+                forward_chunk = op.chunk if op.kind == FORWARD else forward_chunk
             elif isinstance(op, Wait):
                 self._complete([pending.pop((op.transfer, op.post))], arrived)
             else:
@@ -211,8 +218,12 @@ class EmulatedRank:
             for request in transfer.requests:
                 request.wait()
 
-    def _compute(self, op: Compute, arrived: Mapping[str, set[tuple[int, int]]]) -> None:
-        """Last the chunk's cost with lognormal noise of mean 1, once its input is here."""
+    def _compute(
+        self, op: Compute, arrived: Mapping[str, set[tuple[int, int]]], forward_chunk: int = 0
+    ) -> None:
+        """Last the chunk's cost with lognormal noise of mean 1, once its input is here; a
+        backward merged with the forward before it (of ``forward_chunk``) less what the merge
+        hides, timed as forward-compute as Megatron times the merged step."""
         stage = op.chunk * self.config.parallel.pp + self.pp_rank
         source = stage - 1 if op.kind == FORWARD else stage + 1
         if 0 <= source < self.num_stages and (op.microbatch, source) not in arrived[op.kind]:
@@ -222,8 +233,10 @@ class EmulatedRank:
             )
         forward = op.kind == FORWARD
         ms = (self.costs.forward_ms if forward else self.costs.backward_ms)[op.chunk]
+        if op.merged:
+            ms -= self.costs.hidden_ms[forward_chunk][op.chunk]
         noise = self.rng.lognormal(-(self.sigma**2) / 2, self.sigma)
-        with self.timers(COMPUTE_TIMERS[0] if forward else COMPUTE_TIMERS[1]):
+        with self.timers(COMPUTE_TIMERS[0] if forward or op.merged else COMPUTE_TIMERS[1]):
             self.clock.advance(ms * noise)
 
     def _post(self, call: P2PCall, done: Mapping[str, tuple[int, int]]) -> list[_Transfer]:

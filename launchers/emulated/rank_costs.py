@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from launchers.emulated.config import RunConfig
 from launchers.emulated.rank_order import held_at_peak, pipeline_programs
-from ray_layout.model.costs import UnitCosts, stage_compute_ms
+from ray_layout.model.costs import UnitCosts, stage_compute_ms, stage_units
 from ray_layout.model.layout import MTP
 from ray_layout.model.sizing import stage_sizes
+from search.cost_model import build_cost_model
 from search.memory import StageMemory, stage_memory
 from search.schedule import Op
 
@@ -33,6 +36,8 @@ class RankCosts:
     optimizer_ms: float
     memory: StageMemory
     held_microbatches: int  # micro-batches whose activations the rank holds at its peak
+    # [forward chunk][backward chunk]: what a merged step of combined 1F1B hides (all 0 without)
+    hidden_ms: tuple[tuple[float, ...], ...] = ()
 
 
 def rank_costs(
@@ -50,7 +55,14 @@ def rank_costs(
     stage = stage_sizes(config.model, config.parallel, layout.stages)[pp_rank]
     gparams = stage.gpu_gigaparams
     if programs is None:
-        programs = pipeline_programs(pp, layout.vpp, config.num_microbatches, config.group_size)
+        programs = pipeline_programs(
+            pp,
+            layout.vpp,
+            config.num_microbatches,
+            config.group_size,
+            config.overlap_p2p,
+            config.ep_overlap.on,
+        )
     held = [held_at_peak(program, layout.vpp) for program in programs]
     memory = stage_memory(config.model, config.parallel, layout, costs, held, config.memory)[
         pp_rank
@@ -62,4 +74,30 @@ def rank_costs(
         optimizer_ms=costs.optimizer_ms_per_gparam * gparams,
         memory=memory,
         held_microbatches=sum(held[pp_rank].values()),
+        hidden_ms=_hidden(config, costs, pp_rank),
     )
+
+
+def _hidden(config: RunConfig, costs: UnitCosts, pp_rank: int) -> tuple[tuple[float, ...], ...]:
+    """[forward chunk][backward chunk] ms a merged step on this rank hides: the planner's
+    two-stream model of a merged layer pair (``search.combined``) over the rank's chunks, as a
+    GPU's streams would run it, the emulator having no streams of its own."""
+    layout, vpp = config.layout, config.layout.vpp
+    model = build_cost_model(
+        config.model,
+        config.parallel,
+        costs,
+        config.num_microbatches,
+        config.group_size,
+        config.memory,
+        config.ep_overlap,
+    )
+    if model.merge is None:
+        return tuple((0.0,) * vpp for _ in range(vpp))
+    counts = np.zeros((1, len(layout.stages), len(model.units)))
+    for stage, units in enumerate(stage_units(config.model, layout.stages)):
+        for unit in units:
+            counts[0, stage, model.units.index(unit)] += 1
+    hidden = model.merge.hidden_ms(counts, config.parallel.pp, vpp)[:, 0]
+    first = pp_rank * vpp * vpp
+    return tuple(tuple(hidden[first + f * vpp : first + (f + 1) * vpp]) for f in range(vpp))

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Sequence
 from types import SimpleNamespace
 
-from launchers.emulated.megatron_trace import traced_program
+from launchers.emulated.megatron_trace import traced_no_pipelining, traced_program
 from search.schedule import BACKWARD, FORWARD, Compute, Op, P2PCall, Transfer
 
 
@@ -169,15 +169,23 @@ def _interleaved(
 
 
 def pipeline_programs(
-    pp: int, vpp: int, num_microbatches: int, group_size: int, overlap_p2p: bool = False
+    pp: int,
+    vpp: int,
+    num_microbatches: int,
+    group_size: int,
+    overlap_p2p: bool = False,
+    ep_overlap: bool = False,
 ) -> tuple[list[Op], ...]:
     """Every PP rank's program in PP rank order: :func:`rank_program`, or with overlapped p2p
-    (interleaving only) megatron-core's schedule itself, traced (``megatron_trace``).  One
-    process computes them for the whole job: importing megatron-core takes seconds of CPU,
-    which every rank of a job on one machine would otherwise pay at once."""
-    if overlap_p2p and vpp > 1:
+    (interleaving only) or EP all-to-all overlap (combined 1F1B) megatron-core's schedule
+    itself, traced (``megatron_trace``).  One process computes them for the whole job:
+    importing megatron-core takes seconds of CPU, which every rank of a job on one machine
+    would otherwise pay at once."""
+    if ep_overlap and pp == 1:
+        return (traced_no_pipelining(num_microbatches),)
+    if (overlap_p2p or ep_overlap) and vpp > 1:
         return tuple(
-            traced_program(pp, rank, vpp, num_microbatches, group_size, overlap_p2p=True)
+            traced_program(pp, rank, vpp, num_microbatches, group_size, overlap_p2p, ep_overlap)
             for rank in range(pp)
         )
     return tuple(rank_program(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp))
