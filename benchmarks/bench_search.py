@@ -30,6 +30,7 @@ HANDBOOK = "configs/handbook_7b_a1b.yaml"
 HANDBOOK_COSTS = "configs/costs/handbook_h200_example.json"
 DEEPSEEK = "tests/data/hf/DeepSeek-V3/config.json"
 BLOCKING_P2P = ("--no-overlap-p2p-communication",)  # the interleaved schedule without overlap
+EP_OVERLAP = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")  # combined 1F1B
 QWEN3_30B = "tests/data/hf/Qwen3-30B-A3B/config.json"
 
 
@@ -94,6 +95,13 @@ def cases() -> list[Case]:
     ):
         found.append(Case(f"5. DeepSeek-V3 61+1 MTP, PP 16, VPP 2, M 64, {name}, blocking p2p",
                           blocking, costs, 64, 10.0))  # fmt: skip
+    combined = replace(with_parallel(deepseek, vpp=2, ep=64, dp=64), megatron_args=EP_OVERLAP)
+    for costs, name in (  # measured-like: dispatch and combine 4 of a layer's 10 ms forward
+        (replace(measured_like(combined), a2a_ms=2.0), "measured-like"),
+        (costs_from_flops(combined.model, combined.parallel), "FLOP costs"),
+    ):
+        found.append(Case(f"7. DeepSeek-V3 61+1 MTP, PP 16, VPP 2, EP 64, M 64, {name}, "
+                          "combined 1F1B", combined, costs, 64, 10.0))  # fmt: skip
     for pp in (16, 32):
         run = dense_recipe(94, pp, "Qwen3-235B-class-94L")
         found.append(Case(f"6. 94 layers, PP {pp}, M 128", run, measured_like(run), 128, 10.0))
