@@ -63,6 +63,7 @@ class MegatronRunSettings:
     lr: float = 1e-4  # lr, lr decay style, seed and bf16 only where the user sets none
     seed: int = 1234
     keep_data: bool = False  # the user's data and tokenizer flags instead of mock data
+    profiling: bool = False  # a profiling run: EP overlap off (``megatron_flags.PROFILING_OFF``)
 
     def __post_init__(self) -> None:
         if self.train_iters < 1 or self.log_interval < 1:
@@ -94,6 +95,7 @@ def megatron_arguments(
         _default_arguments(recipe.model, settings),
         recipe.megatron_args,
         keep_data=settings.keep_data,
+        profiling=settings.profiling,
         unresolved=recipe.unresolved_arguments,
     )
     check_arguments(merged.argv, ARGUMENTS_SOURCE, keep_unknown=True)

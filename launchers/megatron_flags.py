@@ -5,7 +5,8 @@ A profiling run must time the user's training job, so every flag of the user's c
 goes through unchanged, except the flags in :data:`TUNER_OWNED`: the layout and the split, the
 iterations, the data (mock data unless the user keeps theirs), checkpoints, evaluation, and logging
 and timers.  Those the tuner sets itself; so are the model shape and parallel sizes it writes from
-the recipe (read from the same flags, or overridden by ``--pp`` and friends).  Every replaced or
+the recipe (read from the same flags, or overridden by ``--pp`` and friends).  A profiling run
+also turns EP all-to-all overlap off (:data:`PROFILING_OFF`).  Every replaced or
 removed flag is reported once, as a note (``replaced --train-iters 500000 with 30``).
 
 Flags are matched by their argparse ``dest``, so ``--no-x`` and aliases count as the same flag.
@@ -72,6 +73,14 @@ TUNER_OWNED: Mapping[str, tuple[str, ...]] = {
     ),
 }  # fmt: skip
 DATA_GROUP = "data"
+# Off in a profiling run, which must time each unit's forward and backward apart: combined 1F1B
+# times every merged forward+backward step as forward-compute, and Megatron refuses it on PP > 1
+# without VPP (the profile design's runs).  The A/B runs keep them: they time the user's job.
+PROFILING_OFF = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
+PROFILING_OFF_REASON = (
+    "EP overlap is off in profiling runs, whose timers must part forward from backward; "
+    "the A/B runs keep it"
+)
 # Flags that change what a unit costs: the study id (the resume key) includes them.
 _COST_FLAG = re.compile(
     r"--(no-)?(bf16|fp16|fp8|fp4|first-last-layers-bf16|grad-reduce-in-bf16|recompute|"
@@ -88,15 +97,19 @@ class MergedArguments:
     notes: tuple[str, ...]  # "replaced --train-iters 500000 with 30", "removed --save ..."
 
 
-def owned_dests(keep_data: bool) -> dict[str, str]:
-    """dest -> group of every flag the tuner owns (the data group only under mock data)."""
+def owned_dests(keep_data: bool, profiling: bool = False) -> dict[str, str]:
+    """dest -> why the tuner sets or removes the flag, for every flag it owns (the data group
+    only under mock data; EP overlap only in a profiling run)."""
     table = megatron_flag_table()
-    return {
-        table[flag]["dest"]: group
+    owned = {
+        table[flag]["dest"]: f"{group}: the tuner's"
         for group, flags in TUNER_OWNED.items()
         if not (keep_data and group == DATA_GROUP)
         for flag in flags
     }
+    if profiling:
+        owned |= {table[flag]["dest"]: PROFILING_OFF_REASON for flag in PROFILING_OFF}
+    return owned
 
 
 def merge_arguments(
@@ -105,13 +118,14 @@ def merge_arguments(
     user: Sequence[str],
     *,
     keep_data: bool = False,
+    profiling: bool = False,
     unresolved: Sequence[UnresolvedArgument] = (),
 ) -> MergedArguments:
     """``tuner``'s arguments, then ``defaults`` the user did not set, then the user's flags that
     the tuner neither owns nor writes itself (a flag Megatron's bundled table does not know goes
-    through as written).  ``unresolved`` are the user's flags whose value only the job's
-    environment has: one the tuner owns is left out with a note, any other is a
-    :class:`ConfigError` naming it, its line and the variable."""
+    through as written); a ``profiling`` run leaves out :data:`PROFILING_OFF`.  ``unresolved``
+    are the user's flags whose value only the job's environment has: one the tuner owns is left
+    out with a note, any other is a :class:`ConfigError` naming it, its line and the variable."""
     tuner_uses = {use.entry["dest"]: use for use in walk_flags(tuner, "tuner", strict=True)}
     # argparse keeps a repeated flag's last value: so does the run, giving the flag once
     user_uses = list(
@@ -120,7 +134,7 @@ def merge_arguments(
             for u in walk_flags(user, USER_SOURCE, strict=True, keep_unknown=True)
         }.values()
     )
-    owned = owned_dests(keep_data)
+    owned = owned_dests(keep_data, profiling)
     notes = _unresolved_notes(unresolved, set(owned) | set(tuner_uses))
     kept = []
     for use in user_uses:
@@ -131,7 +145,7 @@ def merge_arguments(
                 now = " ".join(mine.values) if mine.flag == use.flag else _words(mine)
                 notes.append(f"replaced {_words(use)} with {now}")
         elif dest in owned:
-            notes.append(f"removed {_words(use)} ({owned[dest]}: the tuner's)")
+            notes.append(f"removed {_words(use)} ({owned[dest]})")
         else:
             kept += _as_words(use)
     given = {use.entry["dest"] for use in user_uses}
@@ -148,8 +162,8 @@ def _unresolved_notes(unresolved: Sequence[UnresolvedArgument], tuners: set[str]
         dest = table.get(argument.flag, {}).get("dest")
         if dest not in tuners:
             raise ConfigError(f"{argument.message}; a run passes it on, so it needs its value")
-        group = groups.get(dest, "set by the tuner")
-        notes.append(f"removed {argument.text} ({group}: the tuner's)")
+        reason = groups.get(dest, "set by the tuner: the tuner's")
+        notes.append(f"removed {argument.text} ({reason})")
     return notes
 
 

@@ -52,7 +52,9 @@ def run_megatron_command(settings: MegatronCommandSettings, console: Console) ->
     layout = Layout.parse(settings.layout, parallel.pp) if settings.layout else None
     if layout is None and recipe.split.layout:  # the script's own layout string: its current
         layout = Layout.parse(recipe.split.layout, parallel.pp)
-    profile = MegatronRunSettings(train_iters=settings.train_iters, keep_data=settings.keep_data)
+    profile = MegatronRunSettings(
+        train_iters=settings.train_iters, keep_data=settings.keep_data, profiling=True
+    )
     merged = megatron_arguments(recipe, layout, profile)
     script = str(Path(settings.megatron_path) / "pretrain_gpt.py")
     devices = planned_devices(parallel.world_size, settings.gpus_per_node)

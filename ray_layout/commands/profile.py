@@ -166,7 +166,7 @@ def run_profile(settings: ProfileSettings, console: Console) -> None:
     layouts = _layouts(settings, recipe)
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,
-        settings=MegatronRunSettings(train_iters=settings.train_iters),
+        settings=MegatronRunSettings(train_iters=settings.train_iters, profiling=True),
         policy=settings.runs.policy(),
     )
     address, per_node = settings.ray_address, settings.gpus_per_node

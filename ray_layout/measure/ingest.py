@@ -64,10 +64,16 @@ def parse_run_argument(text: str, pp: int) -> tuple[Layout, Path]:
 
 
 def read_logged_run(run: LoggedRun, model: ModelSpec | None = None) -> tuple[str, CheckedRun]:
-    """The log's text and the run as its log confirms it (refused where it contradicts, or
-    where its arguments print another shape than ``model``'s)."""
+    """The log's text and the run as its log confirms it (refused where it contradicts, where
+    its arguments print another shape than ``model``'s, or a combined 1F1B run)."""
     text = read_log(run.path)
     parsed = parse_log(text, str(run.path))
+    if parsed.arguments.get("overlap_moe_expert_parallel_comm", "").lower() == "true":
+        raise MeasurementError(
+            f"{run.path}: the run used --overlap-moe-expert-parallel-comm (combined 1F1B), whose "
+            "forward-compute timer holds each merged forward+backward step whole, which no unit "
+            "cost can split; ingest a run without it"
+        )
     checked = check_log(
         parsed,
         run.layout,

@@ -44,9 +44,17 @@ from ray_layout.tuning.phases import (
 )
 from ray_layout.tuning.settings import TuneSettings
 from ray_layout.tuning.summarize import profile_gpu_seconds, refit_note, summarize
+from search.combined import ep_overlap
 from search.overlap import unsimulated
 
 NO_AB = ABOutcome("", (), ())
+
+
+PROFILED_WITHOUT_EP_OVERLAP = (
+    "the profiling runs ran without --overlap-moe-expert-parallel-comm and "
+    "--delay-wgrad-compute, to time each unit's forward and backward apart; the plan and the "
+    "A/B runs keep them"
+)
 
 
 def run_tune(
@@ -89,6 +97,8 @@ def run_tune(
         with phases.phase("A/B", "the top layouts and the baselines, live, early-stopped"):
             ab = ab_test(live, arms, cluster_gpus=cluster_gpus())
     notes = list(unmodelled)
+    if ep_overlap(recipe.megatron_args).on:
+        notes.append(PROFILED_WITHOUT_EP_OVERLAP)
     with phases.phase("refit", "A/B runs added to the cost model"):
         refined = refit(
             recipe,

@@ -50,6 +50,7 @@ from ray_layout.runtime.megatron_help_probe import ClusterFlags, cluster_flag_ta
 from ray_layout.runtime.sharding import ray_map_shards
 from ray_layout.tuning.display import Phases
 from ray_layout.tuning.settings import TuneSettings
+from search.combined import ep_overlap
 from search.memory_settings import memory_settings
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.ranking import Candidate
@@ -117,7 +118,7 @@ def profile(live: LiveRuns, *, cluster_flags: ClusterFlags | None = None) -> lis
     )
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,
-        settings=MegatronRunSettings(train_iters=settings.profile_iters),
+        settings=MegatronRunSettings(train_iters=settings.profile_iters, profiling=True),
         policy=settings.policy,
         max_parallel=settings.runs_at_once,
     )
@@ -351,6 +352,12 @@ class Refit:
     skipped: str | None = None
 
 
+COMBINED_REFIT = (
+    "refit skipped, the first fit stands: the A/B runs ran combined 1F1B (EP overlap), whose "
+    "forward-compute timer holds each merged forward+backward step whole"
+)
+
+
 def refit(
     recipe: Recipe,
     store: CostStore,
@@ -362,11 +369,14 @@ def refit(
 ) -> Refit:
     """Closing the loop: the profiling runs and every A/B run, fitted together; the next plan of
     this study starts from it.  A/B runs the fit cannot use (too short for a steady timer
-    interval) leave the first fit standing, and the user is told why."""
+    interval) leave the first fit standing, and the user is told why, as do A/B runs under
+    combined 1F1B, whose timers no unit cost can split."""
     run_ids = [r.ingested.run_id for r in profiled if r.ingested]
     extra = [r.run.ingested.run_id for r in results if r.run and r.run.ingested]
     if not extra:
         return Refit(None)
+    if ep_overlap(recipe.megatron_args).on:
+        return Refit(None, COMBINED_REFIT)
     try:
         return Refit(
             fit(recipe, store, study=study, run_ids=run_ids + extra, gpus_per_node=gpus_per_node)

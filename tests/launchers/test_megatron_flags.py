@@ -32,6 +32,8 @@ SCRIPT = ROOT / "tests" / "data" / "train_moe_16l.sh"
 HF = ROOT / "tests" / "data" / "hf"
 FLAG_TABLE = ROOT / "ray_layout" / "model" / "data" / "megatron_args_core_v0.16.1.json"
 SETTINGS = MegatronRunSettings(train_iters=30)
+
+
 SPEED_FLAGS = (
     ["--moe-grouped-gemm"], ["--overlap-grad-reduce"], ["--overlap-param-gather"],
     ["--rotary-base", "1000000"], ["--norm-epsilon", "1e-6"],
@@ -168,6 +170,21 @@ def test_a_user_who_turned_p2p_overlap_off_keeps_it_off(tmp_path):
     layout = Layout.parse("Ett|tt|tt|tt|tt|tt|tt|ttmL", 4)
     found = check_against_table(rank_argv(recipe, layout, tmp_path))
     assert found["--no-overlap-p2p-communication"] == []
+
+
+def test_profiling_runs_turn_ep_overlap_off_and_say_so_while_ab_runs_keep_it(tmp_path):
+    """A profiling run's timers must part forward from backward, which combined 1F1B's merged
+    steps do not (and Megatron refuses it on PP 4 without VPP): both flags leave it, once each."""
+    ep_overlap = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    recipe = with_parallel(load_recipe(str(yaml_with_flags(tmp_path, ep_overlap))), vpp=2)
+    layout = Layout.parse("Ett|tt|tt|tt|tt|tt|tt|ttmL", 4)
+    ab = megatron_arguments(recipe, layout, SETTINGS)
+    assert set(ep_overlap) <= set(ab.argv) and not any("EP overlap" in n for n in ab.notes)
+    profiling = megatron_arguments(recipe, layout, replace(SETTINGS, profiling=True))
+    assert not set(ep_overlap) & set(profiling.argv)
+    check_against_table(list(profiling.argv))
+    removed = [note for note in profiling.notes if "EP overlap is off in profiling runs" in note]
+    assert [note.split()[1] for note in removed] == ep_overlap
 
 
 def test_deepseek_on_pp16_without_a_layout_is_an_error_naming_the_problem():

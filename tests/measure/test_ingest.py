@@ -139,6 +139,23 @@ def test_ingest_stores_every_run_or_none(logs, tmp_path, capsys):
     assert CostStore(store).read("runs").empty and CostStore(store).read("timers").empty
 
 
+def test_a_combined_1f1b_log_is_refused_before_anything_is_stored(logs, tmp_path, capsys):
+    """Its forward-compute timer holds merged forward+backward steps: no unit cost splits it."""
+    merged = tmp_path / "merged.log"
+    block = (
+        "------------------------ arguments ------------------------\n"
+        "  overlap_moe_expert_parallel_comm ................ True\n"
+        "-------------------- end of arguments ---------------------\n"
+    )
+    merged.write_text(block + logs[1].read_text())
+    store, costs = str(tmp_path / "store"), str(tmp_path / "costs.json")
+    for command in (["ingest", "--store", store], ["fit", "-o", costs]):
+        assert main([command[0], HANDBOOK_PATH, *runs_of([logs[0], merged]), *command[1:]]) == 2
+        error = capsys.readouterr().err
+        assert error.count("\n") == 1 and f"{merged}: the run used --overlap-moe-expert" in error
+    assert CostStore(store).read("runs").empty and not Path(costs).exists()
+
+
 def test_one_log_given_twice_is_refused(logs, tmp_path, capsys):
     store, costs = str(tmp_path / "store"), str(tmp_path / "costs.json")
     twice = runs_of([logs[0], logs[0]])

@@ -144,6 +144,27 @@ def test_refit_keeps_the_first_fit_only_for_runs_it_cannot_use_and_says_why(
     assert phases.refit(SMALL, None, results=[SimpleNamespace(run=None)], **args).result is None
 
 
+def test_ab_runs_under_combined_1f1b_leave_the_first_fit_standing(monkeypatch):
+    """Their forward-compute timer holds each merged forward+backward step whole: no refit."""
+
+    def fit(recipe, store, *, study, run_ids, gpus_per_node):
+        raise AssertionError("refitted the A/B runs of combined 1F1B")
+
+    monkeypatch.setattr(phases, "fit", fit)
+    combined = replace(
+        SMALL, megatron_args=(*SMALL.megatron_args, "--overlap-moe-expert-parallel-comm")
+    )
+    refined = phases.refit(
+        combined,
+        None,
+        study="study",
+        profiled=[_ingested("profile-1")],
+        results=[SimpleNamespace(run=_ingested("ab-1"))],
+        gpus_per_node=GPUS_PER_NODE,
+    )
+    assert refined.result is None and refined.skipped == phases.COMBINED_REFIT
+
+
 def test_profiling_runs_that_cannot_be_fitted_are_a_run_failure(monkeypatch, tmp_path):
     def fit(recipe, store, *, study, run_ids, gpus_per_node):
         raise MeasurementError("profile-1: no steady timer interval")
