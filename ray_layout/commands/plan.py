@@ -30,9 +30,10 @@ from ray_layout.model.costs import UnitCosts
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe, check_pipeline_stages
 from ray_layout.runtime.sharding import ray_map_shards
+from search.combined import NO_EP_OVERLAP
 from search.overlap import unsimulated
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan, score_given
-from search.schedule import INTERLEAVED, INTERLEAVED_OVERLAP_P2P
+from search.schedule import COMBINED_1F1B, INTERLEAVED, INTERLEAVED_OVERLAP_P2P
 from search.what_if import what_ifs
 
 
@@ -54,7 +55,9 @@ class PlanSettings(ModelSettings):
         checks=[each(between(1, MAX_PARALLEL_SIZE))],
     )
     compare_schedules: bool = option(
-        False, help="also score the listed layouts under blocking and overlapped p2p (VPP > 1)"
+        False,
+        help="also score the listed layouts under blocking and overlapped p2p, and combined "
+        "1F1B where the job overlaps EP all-to-alls (VPP > 1)",
     )
     write_script: str | None = write_script_flag()
 
@@ -364,28 +367,39 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
 
 
 def _compare_schedules(problem: Problem, report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The listed layouts' mean steps under blocking and overlapped p2p: what overlap buys."""
+    """The listed layouts' mean steps under blocking and overlapped p2p, and under combined 1F1B
+    where the job overlaps its EP all-to-alls: what each overlap buys."""
     if problem.parallel.vpp == 1:
         raise ConfigError("--compare-schedules needs VPP > 1: 1F1B has no p2p overlap")
+    variants = {
+        INTERLEAVED: replace(problem, overlap_p2p=False, ep_overlap=NO_EP_OVERLAP),
+        INTERLEAVED_OVERLAP_P2P: replace(problem, overlap_p2p=True, ep_overlap=NO_EP_OVERLAP),
+    }
+    if problem.ep_overlap.on:  # with the job's own p2p mode
+        variants[COMBINED_1F1B] = problem
     rows = []
     for row in report["candidates"]:
         layout = Layout.parse(row["layout"], problem.parallel.pp)
-        steps = {
-            name: score_given(layout, replace(problem, overlap_p2p=overlap)).mean_ms
-            for overlap, name in ((False, INTERLEAVED), (True, INTERLEAVED_OVERLAP_P2P))
-        }
+        steps = {name: score_given(layout, variant).mean_ms for name, variant in variants.items()}
         rows.append({"layout": row["layout"], **steps})
     return rows
 
 
 def _print_schedules(rows: list[dict[str, Any]], console: Console) -> None:
-    table = Table(title="the same layouts under each p2p mode (mean ms)")
-    for column in ("layout", INTERLEAVED, INTERLEAVED_OVERLAP_P2P, "overlap saves"):
+    combined = bool(rows) and COMBINED_1F1B in rows[0]
+    schedules = [INTERLEAVED, INTERLEAVED_OVERLAP_P2P, *([COMBINED_1F1B] if combined else [])]
+    table = Table(title="the same layouts under each schedule (mean ms)")
+    for column in ("layout", *schedules, "p2p overlap saves"):
         table.add_column(column, justify="left" if column == "layout" else "right")
+    if combined:
+        table.add_column("EP overlap saves", justify="right")
     for row in rows:
         blocking, overlapped = row[INTERLEAVED], row[INTERLEAVED_OVERLAP_P2P]
-        saved = f"{1 - overlapped / blocking:+.1%}"
-        table.add_row(row["layout"], f"{blocking:,.1f}", f"{overlapped:,.1f}", saved)
+        cells = [f"{row[name]:,.1f}" for name in schedules]
+        cells.append(f"{1 - overlapped / blocking:+.1%}")
+        if combined:  # against the fastest p2p mode without it
+            cells.append(f"{1 - row[COMBINED_1F1B] / min(blocking, overlapped):+.1%}")
+        table.add_row(row["layout"], *cells)
     console.print(table)
 
 

@@ -332,6 +332,21 @@ def test_plan_json_names_the_schedule_the_flags_select_and_compares_p2p_modes(ca
     assert run_json(capsys, *handbook_plan("--top", "1", "--samples", "8"))["schedule"] == "1f1b"
 
 
+def test_compare_schedules_adds_combined_1f1b_where_the_job_overlaps_ep(capsys, tmp_path):
+    """The handbook at PP 4, VPP 2 with EP overlap (FLOP costs, whose all-to-alls are 0.89 ms
+    each): the pick is combined 1F1B's, and scored as each other schedule it is slower."""
+    raw = yaml.safe_load((ROOT / "configs" / "handbook_7b_a1b.yaml").read_text())
+    raw["megatron_args"] = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    config = tmp_path / "handbook_ep.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    options = ("--pp", "4", "--vpp", "2", "--costs", "flops", "--top", "2", "--samples", "8")
+    report = run_json(capsys, "plan", str(config), *options, "--compare-schedules")
+    assert report["schedule"] == "combined-1f1b"
+    pick, row = report["candidates"][0], report["compare_schedules"][0]
+    assert row["combined-1f1b"] == pytest.approx(pick["mean_ms"])
+    assert row["combined-1f1b"] < row["interleaved-overlap-p2p"] < row["interleaved"]
+
+
 def test_deepseek_with_ep_overlap_names_its_schedule_and_what_is_not_simulated(capsys, tmp_path):
     """The model zoo's DeepSeek-V3 at PP 16, VPP 2, EP 64 with EP all-to-all overlap: the
     schedule is combined 1F1B, simulated (nothing named as left out), with a stated bound."""
