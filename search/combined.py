@@ -34,11 +34,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ray_layout.model.megatron_args import parse_flags
 from search.schedule import BACKWARD, FORWARD, Compute, Op
+
+if TYPE_CHECKING:  # search.cost_model builds its merge from this module
+    from search.cost_model import CostModel
 
 # Megatron's own rules for the flag (transformer_config.py and arguments.py, 0.16.1)
 NEEDS_VPP = (
@@ -230,7 +234,7 @@ def merge_savings(
     )
 
 
-def lower_bound_model(cost_model):
+def lower_bound_model(cost_model: CostModel) -> CostModel:
     """The cost model bounds are built on: for combined 1F1B each decoder layer's forward and
     backward less its share of the most a merged pair hides, and no merge; otherwise the model
     itself.  A MoE pair's saving is split evenly between its two layers, and what a mixed pair

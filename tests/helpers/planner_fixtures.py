@@ -14,6 +14,7 @@ from ray_layout.model.split import PipelineSplit
 from search.combined import merge_savings
 from search.cost_model import CostModel, in_flight_at_peak
 from search.evaluate import _standalone_rank, hidden_ms, stage_times, tail_ms
+from search.exact import ExactResult, exact_search
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.schedule import Program, compile_schedule
 from search.simulator import simulate
@@ -74,6 +75,23 @@ def optimal_set(space: LayoutSpace, cuts: np.ndarray, steps: np.ndarray) -> set[
     """The layouts whose step equals the best one's (to the tie resolution)."""
     keys = prediction_key(steps)
     return {space.layout_string(row) for row in cuts[keys == keys.min()]}
+
+
+def distinct(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct predictions, best first, and how many layouts make each."""
+    return np.unique(prediction_key(steps), return_counts=True)
+
+
+def check_exact_top_two(case) -> ExactResult:
+    """The exact search's best two predictions, their layout counts and its pick, against the
+    plain simulator's enumeration of a toy ``case``."""
+    space, program, cost_model, cuts, steps = case
+    values, counts = distinct(steps)
+    found = exact_search(space, program, cost_model=cost_model, top=2)
+    assert [c.step_ms for c in found.classes] == values[:2].tolist()
+    assert [c.count for c in found.classes] == counts[:2].tolist()
+    assert space.layout_string(found.classes[0].cuts) in optimal_set(space, cuts, steps)
+    return found
 
 
 def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail, overlap_p2p=False):

@@ -22,13 +22,11 @@ from search.combined import (
     rule_violations,
 )
 from search.evaluate import hidden_ms
-from search.exact import exact_search
 from search.schedule import COMBINED_1F1B, Compute, P2PCall, compile_schedule, rank_ops
 from search.simulator import simulate
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.megatron_schedule_oracle import megatron_ops
-from tests.helpers.planner_fixtures import combined_toy_case, optimal_set
-from tests.search.test_exact import distinct
+from tests.helpers.planner_fixtures import check_exact_top_two, combined_toy_case
 from tests.search.test_overlap import interleaved_sizes
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in MEGATRON_CPU_WARNINGS]
@@ -168,15 +166,8 @@ def test_exact_search_finds_the_combined_optimum_with_a_bound_that_holds(
     """Bounds built on compute alone hold under merged steps, so the exact search's best
     equals the plain simulator's enumeration."""
     case = combined_toy_case(layers, mtp, pp, 2, microbatches * pp, unit, a2a, overlap)
-    if case is None:
-        return
-    space, program, cost_model, cuts, steps = case
-    values, counts = distinct(steps)
-    found = exact_search(space, program, cost_model=cost_model, top=2)
-    assert [c.step_ms for c in found.classes] == values[:2].tolist()
-    assert [c.count for c in found.classes] == counts[:2].tolist()
-    assert space.layout_string(found.classes[0].cuts) in optimal_set(space, cuts, steps)
-    assert found.complete
+    if case is not None:
+        assert check_exact_top_two(case).complete
 
 
 def test_a_merged_step_saves_against_nothing_hidden_and_not_below_compute_alone():

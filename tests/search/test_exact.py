@@ -11,12 +11,14 @@ from search.evaluate import score
 from search.exact import exact_search
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
-from search.ties import prediction_key
-from tests.helpers.planner_fixtures import optimal_set, plain_steps, toy_case, toy_cost_model
-
-
-def distinct(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.unique(prediction_key(steps), return_counts=True)
+from tests.helpers.planner_fixtures import (
+    check_exact_top_two,
+    distinct,
+    optimal_set,
+    plain_steps,
+    toy_case,
+    toy_cost_model,
+)
 
 
 @pytest.mark.parametrize(
@@ -59,14 +61,8 @@ def test_exact_optimum_equals_the_plain_simulator(layers, pp, vpp, microbatches,
                                                   mtp, overlap):  # fmt: skip
     """Blocking and overlapped p2p alike (overlap applies to VPP > 1)."""
     case = toy_case(layers, mtp, pp, vpp, microbatches * pp, unit, p2p, tail, overlap)
-    if case is None:
-        return
-    space, program, cost_model, cuts, steps = case
-    values, counts = distinct(steps)
-    found = exact_search(space, program, cost_model=cost_model, top=2)
-    assert [c.step_ms for c in found.classes] == values[:2].tolist()
-    assert [c.count for c in found.classes] == counts[:2].tolist()
-    assert space.layout_string(found.classes[0].cuts) in optimal_set(space, cuts, steps)
+    if case is not None:
+        check_exact_top_two(case)
 
 
 def test_shards_together_search_what_one_process_does():
