@@ -1,4 +1,4 @@
-"""Search benchmarks: six planning cases (16 layers to DeepSeek-V3), throughput, Ray sharding.
+"""Search benchmarks: seven planning cases (16 layers to DeepSeek-V3), throughput, Ray sharding.
 
     python benchmarks/bench_search.py              # everything (about two minutes on 2 cores)
     python benchmarks/bench_search.py --skip-ray   # without the Ray sharding run
