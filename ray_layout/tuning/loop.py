@@ -40,6 +40,7 @@ from ray_layout.tuning.phases import (
     first_fit,
     profile,
     refit,
+    refit_all_to_all,
     search,
 )
 from ray_layout.tuning.settings import TuneSettings
@@ -100,14 +101,25 @@ def run_tune(
     if ep_overlap(recipe.megatron_args).on:
         notes.append(PROFILED_WITHOUT_EP_OVERLAP)
     with phases.phase("refit", "A/B runs added to the cost model"):
-        refined = refit(
-            recipe,
-            store,
-            study=settings.study,
-            profiled=profiled,
-            results=ab.results,
-            gpus_per_node=settings.gpus_per_node,
-        )
+        if ep_overlap(recipe.megatron_args).on:  # merged steps: only their step times fit
+            refined = refit_all_to_all(
+                recipe,
+                store,
+                study=settings.study,
+                first=first,
+                searched=searched,
+                results=ab.results,
+                config=settings.ab,
+            )
+        else:
+            refined = refit(
+                recipe,
+                store,
+                study=settings.study,
+                profiled=profiled,
+                results=ab.results,
+                gpus_per_node=settings.gpus_per_node,
+            )
         if (note := refit_note(recipe, refined, ab, searched, settings.ab)) is not None:
             notes.append(note)
             phases.say(note)

@@ -117,9 +117,10 @@ def refit_note(
     if not errors:
         return "refit: no arm measured"
     worst, mean = 100 * max(errors), 100 * sum(errors) / len(errors)
+    fitted = f" ({refined.fitted})" if refined.fitted else ""
     return (
-        f"refit with the A/B runs: the refined cost model is within {worst:.1f}% of every "
-        f"measured arm (mean {mean:.1f}%); the next plan of this study uses it"
+        f"refit with the A/B runs{fitted}: the refined cost model is within {worst:.1f}% of "
+        f"every measured arm (mean {mean:.1f}%); the next plan of this study uses it"
     )
 
 
