@@ -39,10 +39,9 @@ from ray_layout.tuning.phases import (
     cluster_hbm_gib,
     first_fit,
     profile,
-    refit,
-    refit_all_to_all,
     search,
 )
+from ray_layout.tuning.refit import refit, refit_all_to_all
 from ray_layout.tuning.settings import TuneSettings
 from ray_layout.tuning.summarize import profile_gpu_seconds, refit_note, summarize
 from search.combined import ep_overlap

@@ -19,7 +19,8 @@ from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe
 from ray_layout.report.summary import PICK, ArmOutcome, SearchFacts, TuneSummary
 from ray_layout.runtime.layout_runs import ProfiledRun
-from ray_layout.tuning.phases import Refit, Searched
+from ray_layout.tuning.phases import Searched
+from ray_layout.tuning.refit import Refit
 from ray_layout.tuning.settings import TuneSettings
 from search.planner import LayoutSimulation, Problem, score_given, simulate_given
 

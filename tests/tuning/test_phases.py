@@ -5,7 +5,6 @@ profile, a real GPU's from a probe on a worker (which fails in one line on fake 
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,23 +12,17 @@ from types import SimpleNamespace
 import pytest
 
 from launchers.emulated.hardware import load_profile
-from ray_layout.ab.cost import ArmCost
-from ray_layout.ab.live import Arm, ArmResult, LiveTest
-from ray_layout.ab.stats import ABConfig, ArmTrace
+from ray_layout.ab.live import LiveTest
+from ray_layout.ab.stats import ABConfig
 from ray_layout.ab.vocabulary import ArmRole
-from ray_layout.errors import ConfigError, MeasurementError, RunFailure
-from ray_layout.measure.fit import FitResult
-from ray_layout.measure.store import CostStore
-from ray_layout.model.costs import costs_from_flops, load_costs
-from ray_layout.model.layout import Layout
+from ray_layout.errors import MeasurementError, RunFailure
+from ray_layout.model.costs import load_costs
 from ray_layout.model.spec import with_parallel
 from ray_layout.model.split import PipelineSplit
 from ray_layout.runtime.layout_runs import Backend
 from ray_layout.tuning import phases
 from ray_layout.tuning.phases import choose_arms, cluster_hbm_gib
-from ray_layout.tuning.summarize import refit_note
 from search.memory_settings import memory_settings
-from search.planner import PlanOptions, Problem, SearchSpec, score_given
 from tests.helpers.cluster import GPUS_PER_NODE
 from tests.helpers.planner_fixtures import handbook_example_plan
 from tests.helpers.tuning_small import HANDBOOK, SMALL, small_settings
@@ -118,68 +111,11 @@ def test_the_tunes_arms_carry_what_the_search_predicted_and_far_losers_look_soon
     assert all(slower[name] > DEFAULT.margin for name in early)
 
 
-# --- the fit and the refit ---------------------------------------------------------------------
+# --- the fit ---------------------------------------------------------------------------
 
 
 def _ingested(run_id: str) -> SimpleNamespace:
     return SimpleNamespace(ingested=SimpleNamespace(run_id=run_id))
-
-
-@pytest.mark.parametrize(
-    ("error", "surfaces"),
-    [(MeasurementError("ab-1: no steady timer interval"), False), (ConfigError("bad"), True)],
-)
-def test_refit_keeps_the_first_fit_only_for_runs_it_cannot_use_and_says_why(
-    monkeypatch, error, surfaces
-):
-    def fit(recipe, store, *, study, run_ids, gpus_per_node):
-        assert run_ids == ["profile-1", "ab-1"]
-        raise error
-
-    monkeypatch.setattr(phases, "fit", fit)
-    profiled = [_ingested("profile-1")]
-    results = [SimpleNamespace(run=_ingested("ab-1")), SimpleNamespace(run=None)]
-    args = {"study": "study", "profiled": profiled, "gpus_per_node": GPUS_PER_NODE}
-    if surfaces:  # a bad input is not "nothing new to refit"
-        with pytest.raises(ConfigError):
-            phases.refit(SMALL, None, results=results, **args)
-        return
-    refined = phases.refit(SMALL, None, results=results, **args)
-    assert refined.result is None and "no steady timer interval" in refined.skipped
-    assert refit_note(SMALL, refined, None, None, None) == refined.skipped  # the report says it
-    assert phases.refit(SMALL, None, results=[SimpleNamespace(run=None)], **args).result is None
-
-
-def test_under_combined_1f1b_the_refit_fits_the_all_to_all_to_the_arms_steps(tmp_path):
-    """The A/B arms time merged steps whole: the first fit's unit costs stay, the all-to-all
-    time comes from their measured steps (made with 0.4 ms; the FLOP prior says 0.89), and the
-    refit is stored for the study's next plan."""
-    flags = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
-    recipe = replace(with_parallel(HANDBOOK, pp=4, vpp=2), megatron_args=flags)
-    costs = costs_from_flops(recipe.model, recipe.parallel)
-    searched = phases.Searched(None, SearchSpec(num_microbatches=32), PlanOptions(), 0.0)
-    truth = Problem.of(recipe, replace(costs, a2a_ms=0.4), searched.spec, searched.options)
-
-    def arm_result(index: int, text: str) -> ArmResult:
-        layout = Layout.parse(text, 4)
-        arm = Arm(f"arm-{index}", layout, (ArmRole.CANDIDATE,), 0.0, ())
-        trace = ArmTrace(arm.name, text, (score_given(layout, truth).mean_ms,) * 12)
-        run = _ingested(f"ab-{index}")
-        return ArmResult(arm, trace, run, None, ArmCost(8, 0.0, trace.steps_ms, 12))
-
-    texts = ("Et*5|t*5|t|t|t|tt|t|mL", "Ett|(tt|)*6t*2mL", "Ett|t*3|t*3|(tt|)*4mL")
-    results = [arm_result(i, text) for i, text in enumerate(texts)]
-    first = FitResult(costs, (), {}, {}, {}, (), None)
-    store = CostStore(tmp_path)
-    refined = phases.refit_all_to_all(
-        recipe, store, study="s", first=first, searched=searched, results=results, config=DEFAULT
-    )
-    assert refined.result.costs.a2a_ms == pytest.approx(0.4, abs=5e-3)
-    assert refined.result.costs.forward_ms == costs.forward_ms
-    assert "fitted to 3 combined 1F1B arms' steps (the prior said 0.895 ms)" in refined.fitted
-    stored = store.read("fits", study="s")
-    assert json.loads(stored.costs_json.iloc[-1])["a2a_ms"] == refined.result.costs.a2a_ms
-    assert json.loads(stored.runs.iloc[-1]) == ["ab-0", "ab-1", "ab-2"]
 
 
 def test_profiling_runs_that_cannot_be_fitted_are_a_run_failure(monkeypatch, tmp_path):

@@ -22,7 +22,8 @@ from ray_layout.model.split import PipelineSplit
 from ray_layout.runtime.layout_runs import ProfiledRun
 from ray_layout.runtime.run_spec import RunResult
 from ray_layout.tuning import phases
-from ray_layout.tuning.phases import Refit, choose_arms
+from ray_layout.tuning.phases import choose_arms
+from ray_layout.tuning.refit import Refit
 from ray_layout.tuning.summarize import (
     outcomes,
     paste_flags,
