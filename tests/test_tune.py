@@ -37,3 +37,13 @@ def test_bad_input_exits_2_in_one_line_before_any_cluster():
     done = run_entry("configs/handbook_7b_a1b.yaml", "--ab-top", "-1")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "error: --ab-top must be >= 0, got -1\n"
+
+
+def test_ep_overlap_on_the_cpu_megatron_core_backend_exits_2_before_any_cluster(tmp_path):
+    config = tmp_path / "handbook_ep.yaml"
+    flags = "megatron_args: [--overlap-moe-expert-parallel-comm, --delay-wgrad-compute]\n"
+    config.write_text((ROOT / "configs" / "handbook_7b_a1b.yaml").read_text() + flags)
+    done = run_entry(str(config), "--pp", "4", "--vpp", "2", "--backend", "megatron-core")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert "--overlap-moe-expert-parallel-comm cannot run" in done.stderr

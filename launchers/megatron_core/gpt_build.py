@@ -17,6 +17,7 @@ from launchers.emulated.config import RunConfig
 from ray_layout.errors import ConfigError
 from ray_layout.model.layout import MTP, Layout, build_problem
 from ray_layout.model.spec import ModelSpec
+from search.combined import ep_overlap
 
 
 @dataclass(frozen=True)
@@ -199,3 +200,18 @@ def check_buildable(layout: Layout, *, tied_embeddings: bool) -> None:
     problem = build_problem(layout, tied_embeddings=tied_embeddings)
     if problem:
         raise ConfigError(problem)
+
+
+# combined 1F1B puts its all-to-alls on a stream of their own, a torch.cuda.Stream
+# (megatron.core.pipeline_parallel.utils.set_streams), which a CPU rank cannot make
+NO_EP_OVERLAP_ON_CPU = (
+    "the megatron-core backend runs on CPU, where --overlap-moe-expert-parallel-comm cannot run "
+    "(combined 1F1B puts its all-to-alls on a CUDA stream); tune it on the emulated or the "
+    "megatron backend"
+)
+
+
+def check_runs_on_cpu(megatron_args: Sequence[str], source: str) -> None:
+    """Refuse, before any run, a job whose schedule megatron-core cannot run on CPU ranks."""
+    if ep_overlap(megatron_args, source).on:
+        raise ConfigError(NO_EP_OVERLAP_ON_CPU)

@@ -15,7 +15,12 @@ from launchers.emulated.environment import NODE_ENV, PROFILE_ENV, env_int
 from launchers.emulated.hardware import BUNDLED_PROFILE, HardwareProfile, load_profile
 from launchers.megatron import ARGUMENTS_SOURCE
 from launchers.megatron_core.compute_lock import START_PATIENCE_S, ComputeLock, default_lock_path
-from launchers.megatron_core.gpt_build import CoreSettings, check_buildable, embedding_group
+from launchers.megatron_core.gpt_build import (
+    CoreSettings,
+    check_buildable,
+    check_runs_on_cpu,
+    embedding_group,
+)
 from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, InputError
 from ray_layout.model.megatron_args import megatron_flag_table, parse_flags
 
@@ -31,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         world_size, rank = env_int("WORLD_SIZE"), env_int("RANK")
         if rank >= world_size:
             raise ConfigError(f"RANK {rank} is not below WORLD_SIZE {world_size}")
+        check_runs_on_cpu(argv, ARGUMENTS_SOURCE)
         run = run_config(argv, world_size)
         settings = core_settings(argv)
         check_buildable(run.layout, tied_embeddings=run.model.tied_embeddings)

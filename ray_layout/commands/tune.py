@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from launchers.megatron_core.gpt_build import check_runs_on_cpu
 from ray_layout.ab.stats import ABConfig
 from ray_layout.commands.checks import (
     MAX_ITERATIONS,
@@ -47,6 +48,7 @@ from ray_layout.measure.observations import STEP_WARMUP
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
 from ray_layout.report.summary import TuneSummary, speedups
+from ray_layout.runtime.layout_runs import MEGATRON_CORE
 from ray_layout.runtime.local import connected
 from ray_layout.tuning.loop import run_tune
 from ray_layout.tuning.settings import TuneSettings, study_id
@@ -203,6 +205,8 @@ def tune_on_cluster(
     the settings it ran with (GPUs per node from the cluster)."""
     recipe = _checked_recipe(flags)
     settings = tune_settings(flags, recipe, flags.gpus_per_node or 0)  # before any cluster
+    if settings.backend.name == MEGATRON_CORE:
+        check_runs_on_cpu(recipe.megatron_args, "megatron_args")
     with connected(flags.ray_address, flags.nodes, flags.gpus_per_node) as (per_node, where):
         console.print(f"[bold]cluster[/bold]: {where}", highlight=False)
         settings = replace(settings, gpus_per_node=per_node)

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from launchers.megatron_core.gpt_build import expected_stage
+from launchers.megatron_core.gpt_build import check_runs_on_cpu, expected_stage
 from launchers.megatron_core.rank_main import BUILT_PREFIX, core_settings, main
-from ray_layout.errors import EXIT_BAD_INPUT
+from ray_layout.errors import EXIT_BAD_INPUT, ConfigError
 from ray_layout.measure.logs import parse_log
 from ray_layout.model.layout import Layout
 from tests.helpers.megatron_core_ranks import TINY, core_arguments, run_ranks
@@ -110,6 +110,21 @@ def test_a_layout_that_deadlocks_megatron_core_is_refused(monkeypatch, capsys):
     assert main(core_arguments(layout, iterations=1)) == EXIT_BAD_INPUT
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "does not build in megatron-core 0.16.1" in error
+
+
+def test_ep_overlap_is_refused_on_cpu_ranks_and_before_a_tune_starts(monkeypatch, capsys):
+    """Combined 1F1B needs a CUDA stream for its all-to-alls: one line and exit 2 from a rank
+    (``tests/test_tune.py``: and from the tune, before any cluster starts)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    layout = Layout.parse("Et|t|t|tmL", 2)
+    argv = [*core_arguments(layout, iterations=1), "--overlap-moe-expert-parallel-comm"]
+    assert main(argv) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "--overlap-moe-expert-parallel-comm cannot run" in error
+    with pytest.raises(ConfigError, match="tune it on the emulated or the megatron backend"):
+        check_runs_on_cpu(["--overlap-moe-expert-parallel-comm"], "megatron_args")
+    check_runs_on_cpu(["--moe-grouped-gemm"], "megatron_args")  # nothing to refuse
 
 
 def test_settings_come_from_the_command_line():
