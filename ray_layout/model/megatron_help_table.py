@@ -56,12 +56,13 @@ def _nargs(metavar: str) -> int | str | None:
     """argparse's nargs from how its help writes the values (None: exactly one)."""
     if not metavar:
         return 0
+    words = metavar.split(" ")
+    repeated = len(words) > 1 and words[-1] == "...]"  # a choice may itself hold "..."
     if metavar.startswith("["):
-        return "*" if "..." in metavar else "?"
-    if "..." in metavar:
+        return "*" if repeated else "?"
+    if repeated:
         return "+"
-    count = len(metavar.split(" "))
-    return None if count == 1 else count
+    return None if len(words) == 1 else len(words)
 
 
 def _arity(nargs: int | str | None) -> int | str | None:
