@@ -217,11 +217,7 @@ def unit_sizes(model: ModelSpec, micro_batch_size: int = 1, tp: int = 1) -> dict
 
 def layer_units(model: ModelSpec) -> dict[str, bool]:
     """The model's units that are one decoder layer (MTP's too), each with whether it is MoE."""
-    kinds = sorted(set(model.moe_layer_pattern), reverse=True)
-    units = {
-        DECODER if len(kinds) == 1 else (MOE_DECODER if moe else DENSE_DECODER): moe
-        for moe in kinds
-    }
+    units = {decoder_unit(model, i): moe for i, moe in enumerate(model.moe_layer_pattern)}
     if model.mtp_num_layers:
         units[MTP] = model.mtp_layer_is_moe
     return units
