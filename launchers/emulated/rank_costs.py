@@ -12,16 +12,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from launchers.emulated.config import RunConfig
 from launchers.emulated.rank_order import held_at_peak, pipeline_programs
-from ray_layout.model.costs import UnitCosts, stage_compute_ms, stage_units
+from ray_layout.model.costs import UnitCosts, stage_compute_ms
 from ray_layout.model.layout import MTP
 from ray_layout.model.sizing import stage_sizes
 from search.cost_model import build_cost_model
 from search.memory import StageMemory, stage_memory
 from search.schedule import Op
+from search.space import LayoutSpace
 
 RESERVED_SLACK = 1.05  # the caching allocator reserves a little more than it hands out
 
@@ -83,6 +82,8 @@ def _hidden(config: RunConfig, costs: UnitCosts, pp_rank: int) -> tuple[tuple[fl
     two-stream model of a merged layer pair (``search.combined``) over the rank's chunks, as a
     GPU's streams would run it, the emulator having no streams of its own."""
     layout, vpp = config.layout, config.layout.vpp
+    if not config.ep_overlap.on:
+        return tuple((0.0,) * vpp for _ in range(vpp))
     model = build_cost_model(
         config.model,
         config.parallel,
@@ -92,12 +93,8 @@ def _hidden(config: RunConfig, costs: UnitCosts, pp_rank: int) -> tuple[tuple[fl
         config.memory,
         config.ep_overlap,
     )
-    if model.merge is None:
-        return tuple((0.0,) * vpp for _ in range(vpp))
-    counts = np.zeros((1, len(layout.stages), len(model.units)))
-    for stage, units in enumerate(stage_units(config.model, layout.stages)):
-        for unit in units:
-            counts[0, stage, model.units.index(unit)] += 1
+    space, cuts = LayoutSpace.holding(layout)
+    counts = space.unit_counts(cuts[None], model.units, model.moe_pattern)
     hidden = model.merge.hidden_ms(counts, config.parallel.pp, vpp)[:, 0]
     first = pp_rank * vpp * vpp
     return tuple(tuple(hidden[first + f * vpp : first + (f + 1) * vpp]) for f in range(vpp))
