@@ -126,6 +126,11 @@ def _plan_run(recorder: _Recorder):
     return step
 
 
+def _plan_stub(recorder: _Recorder) -> dict[str, Any]:
+    """What ``combined_1f1b`` calls on a GPU, for the recorder: the merged step, no streams."""
+    return {"combined_forward_backward_step": _plan_run(recorder), "set_streams": lambda: None}
+
+
 @contextmanager
 def _swapped(module: Any, swapped: dict[str, Any]) -> Iterator[None]:
     saved = {name: getattr(module, name) for name in swapped}
@@ -164,8 +169,7 @@ def _stubbed(schedules: Any, recorder: _Recorder) -> Iterator[None]:
         "is_pp_last_stage": lambda group: rank() == size() - 1,
         "torch": cpu_torch,
     }
-    plan = {"combined_forward_backward_step": _plan_run(recorder), "set_streams": lambda: None}
-    with _swapped(schedules, swapped), _swapped(combined_1f1b, plan):
+    with _swapped(schedules, swapped), _swapped(combined_1f1b, _plan_stub(recorder)):
         yield
 
 
@@ -234,8 +238,7 @@ def traced_no_pipelining(num_microbatches: int) -> list[Op]:
         from megatron.core.pipeline_parallel import combined_1f1b
 
     recorder = _Recorder(1, 0, 1, None)
-    plan = {"combined_forward_backward_step": _plan_run(recorder), "set_streams": lambda: None}
-    with _swapped(combined_1f1b, plan):
+    with _swapped(combined_1f1b, _plan_stub(recorder)):
         combined_1f1b.combined_1f1b_schedule_for_no_pipelining(
             None, None, torch.nn.Module(), num_microbatches, None, None, [], None,
             False, None, False, contextlib.nullcontext, torch.zeros([]), lambda first: first,
