@@ -97,10 +97,11 @@ def run_tune(
         with phases.phase("A/B", "the top layouts and the baselines, live, early-stopped"):
             ab = ab_test(live, arms, cluster_gpus=cluster_gpus())
     notes = list(unmodelled)
-    if ep_overlap(recipe.megatron_args).on:
+    combined = ep_overlap(recipe.megatron_args).on
+    if combined:
         notes.append(PROFILED_WITHOUT_EP_OVERLAP)
     with phases.phase("refit", "A/B runs added to the cost model"):
-        if ep_overlap(recipe.megatron_args).on:  # merged steps: only their step times fit
+        if combined:  # merged steps: only their step times fit
             refined = refit_all_to_all(
                 recipe,
                 store,

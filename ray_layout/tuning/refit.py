@@ -77,10 +77,11 @@ def refit_all_to_all(
     if not measured:
         return Refit(None)
 
+    problem = Problem.of(recipe, first.costs, searched.spec, searched.options)
+
     def simulated(a2a: float) -> np.ndarray:
-        costs = replace(first.costs, a2a_ms=a2a)
-        problem = Problem.of(recipe, costs, searched.spec, searched.options)
-        return np.array([score_given(layout, problem).mean_ms for layout, _ in measured])
+        at = replace(problem, costs=replace(first.costs, a2a_ms=a2a))
+        return np.array([score_given(layout, at).mean_ms for layout, _ in measured])
 
     try:
         largest = largest_a2a_ms(recipe.model, first.costs)
