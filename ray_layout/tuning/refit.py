@@ -17,6 +17,7 @@ from ray_layout.measure.a2a_fit import fit_a2a_ms, largest_a2a_ms
 from ray_layout.measure.fit import FitResult
 from ray_layout.measure.ingest import record_fit
 from ray_layout.measure.store import CostStore
+from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.layout_runs import ProfiledRun
 from ray_layout.tuning.phases import Searched, fit
@@ -30,6 +31,15 @@ class Refit:
     result: FitResult | None
     skipped: str | None = None
     fitted: str | None = None  # what the refit fitted, where not every unit cost
+
+
+def measured_arms(results: Sequence[ArmResult], config: ABConfig) -> list[tuple[Layout, float]]:
+    """Each arm that ran without failing to a steady step, with its mean step (ms)."""
+    return [
+        (r.arm.layout, float(steps.mean()))
+        for r in results
+        if r.trace.failure is None and len(steps := steady_steps(r.trace, config))
+    ]
 
 
 def refit(
@@ -69,11 +79,7 @@ def refit_all_to_all(
     """Closing the loop under combined 1F1B, whose A/B runs time each merged step whole: the
     first fit's unit costs stay, and the EP all-to-all time is fitted to the arms' measured
     steps (``measure.a2a_fit``); the next plan of this study starts from it."""
-    measured = [
-        (r.arm.layout, float(steps.mean()))
-        for r in results
-        if r.trace.failure is None and len(steps := steady_steps(r.trace, config))
-    ]
+    measured = measured_arms(results, config)
     if not measured:
         return Refit(None)
 

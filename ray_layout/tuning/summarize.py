@@ -20,7 +20,7 @@ from ray_layout.model.spec import Recipe
 from ray_layout.report.summary import PICK, ArmOutcome, SearchFacts, TuneSummary
 from ray_layout.runtime.layout_runs import ProfiledRun
 from ray_layout.tuning.phases import Searched
-from ray_layout.tuning.refit import Refit
+from ray_layout.tuning.refit import Refit, measured_arms
 from ray_layout.tuning.settings import TuneSettings
 from search.planner import LayoutSimulation, Problem, score_given, simulate_given
 
@@ -109,12 +109,10 @@ def refit_note(
     if refined.result is None:
         return None
     problem = Problem.of(recipe, refined.result.costs, searched.spec, searched.options)
-    errors = []
-    for r in ab.results:
-        values = steady_steps(r.trace, config)
-        if len(values) and r.trace.failure is None:
-            predicted = score_given(r.arm.layout, problem).mean_ms
-            errors.append(abs(predicted / float(values.mean()) - 1))
+    errors = [
+        abs(score_given(layout, problem).mean_ms / measured - 1)
+        for layout, measured in measured_arms(ab.results, config)
+    ]
     if not errors:
         return "refit: no arm measured"
     worst, mean = 100 * max(errors), 100 * sum(errors) / len(errors)
