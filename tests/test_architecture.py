@@ -3,6 +3,7 @@ the layers below it (or itself). Read from the source with ``ast``, so an import
 function counts as much as one at the top of a module.
 
     ray_layout.errors      the exception hierarchy every layer raises
+    ray_layout.shell       a bash launch script read as bash would run it
     ray_layout.model       model spec, loaders, sizing, the layout language, baselines, unit costs
     search                 the layout space, the schedule simulator, memory, the planner
     ray_layout.measure     Megatron's logs, the cost store, ingest, the fit, the profile design
@@ -27,6 +28,7 @@ PACKAGES = ("ray_layout", "search", "launchers")
 
 LAYERS = (
     "ray_layout.errors",
+    "ray_layout.shell",
     "ray_layout.model",
     "search",
     "ray_layout.measure",
@@ -41,7 +43,14 @@ LAYERS = (
 )
 # Ray is the imperative shell: the pure core (sizing, layouts, fitting, simulation, statistics)
 # must run and be tested without it.
-RAY_FREE = ("ray_layout.errors", "ray_layout.model", "search", "ray_layout.measure", "launchers")
+RAY_FREE = (
+    "ray_layout.errors",
+    "ray_layout.shell",
+    "ray_layout.model",
+    "search",
+    "ray_layout.measure",
+    "launchers",
+)
 MAX_LINES = 450
 
 

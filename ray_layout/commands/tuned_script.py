@@ -14,11 +14,12 @@ from ray_layout.commands.checks import new_file
 from ray_layout.commands.common import ModelSettings
 from ray_layout.commands.flags import option
 from ray_layout.errors import ConfigError, InputError
-from ray_layout.model.launch_script import read_script_file
+from ray_layout.model.files import read_text
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.script_rewrite import rewrite_split
 from ray_layout.model.split import current_layout
+from ray_layout.shell.refusal import ShellError
 
 _FILE_CONFIGS = (".yaml", ".yml", ".json")
 
@@ -50,8 +51,11 @@ def write_tuned_script(settings: ModelSettings, out: str, layout: Layout, commen
         raise ConfigError(
             f"--write-script needs a launch script or model file as CONFIG, not {source[:80]!r}"
         )
-    text = read_script_file(path, source)
-    written = rewrite_split(text, source, layout, comment, settings.overrides().environment)
+    text = read_text(path, source)
+    try:
+        written = rewrite_split(text, source, layout, comment, settings.overrides().environment)
+    except ShellError as exc:
+        raise ConfigError(str(exc)) from None
     _check_reads_back(settings, written, layout, out)
     _write(Path(out), written, (path.stat().st_mode & 0o777) | 0o200)
 

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ray_layout.errors import ConfigError, LayoutError
-from ray_layout.model.bash_script import ExpandedWord
 from ray_layout.model.fields import MEGATRON_DEFAULTS, MODEL_FIELDS, MODEL_KEYS
-from ray_layout.model.launch_script import LaunchReading, read_launch, read_script_file
+from ray_layout.model.files import read_text
 from ray_layout.model.megatron_args import (
     FlagUse,
     UnresolvedArgument,
@@ -31,6 +30,9 @@ from ray_layout.model.megatron_args import (
 )
 from ray_layout.model.spec import PARALLEL_KEYS, Recipe, build_recipe
 from ray_layout.model.split import PipelineSplit, current_layout, virtual_pipeline_size
+from ray_layout.shell.launch import LaunchReading, read_launch
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.script import ExpandedWord
 
 _PARALLEL_FIELDS = {
     "tensor_model_parallel_size": "tp",
@@ -96,7 +98,7 @@ def load_megatron_command_line(
 def load_megatron_script(path: str | Path, overrides: Overrides | None = None) -> Recipe:
     """A recipe from a launch script or model file; named after the file."""
     path = Path(path)
-    text = read_script_file(path, str(path))
+    text = read_text(path, str(path))
     return _load(text, str(path), path.stem, overrides or Overrides())
 
 
@@ -104,7 +106,10 @@ def _load(text: str, source: str, name: str, overrides: Overrides) -> Recipe:
     """The recipe, carrying the script's flags as the user's own (``Recipe.megatron_args``: a
     profiling run is the user's job) and what the job's environment gets
     (``Recipe.environment``: NCCL and CUDA settings change what a run measures)."""
-    launch = read_launch(text, source, overrides.environment)
+    try:
+        launch = read_launch(text, source, overrides.environment)
+    except ShellError as exc:
+        raise ConfigError(str(exc)) from None
     words = [w.text for w in launch.arguments]
     unresolved = [w.unknown is not None for w in launch.arguments]  # `--x=$UNSET` too
     parsed = parse_flags(words, source, unresolved)

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.bash_script import ExpandedWord
-from ray_layout.model.launch_script import read_launch
 from ray_layout.model.layout import Layout
 from ray_layout.model.megatron_args import FlagUse, walk_flags
 from ray_layout.model.split import SPLIT_FLAGS
+from ray_layout.shell.launch import read_launch
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.script import ExpandedWord
 
 _LAYOUT_FLAG = SPLIT_FLAGS["layout"]
 _PP_FLAG = "--pipeline-model-parallel-size"
@@ -40,7 +40,7 @@ def rewrite_split(
     environment: Mapping[str, str] | None = None,
 ) -> str:
     """``text`` with its split set to ``layout`` and ``comment`` as one new line near the top;
-    a :class:`ConfigError` where a split flag's words are computed rather than written."""
+    a :class:`ShellError` where a split flag's words are computed rather than written."""
     launch = read_launch(text, source, environment)
     arguments = launch.arguments
     words = [w.text for w in arguments]
@@ -62,7 +62,7 @@ def rewrite_split(
         pp = "" if pp_use is not None else f"{_PP_FLAG} {layout.pp} "
         edits.append(_insertion(text, start, f"{pp}{_LAYOUT_FLAG} {value}"))
     else:
-        raise ConfigError(f"{source}: no Megatron arguments to add the layout to")
+        raise ShellError(f"{source}: no Megatron arguments to add the layout to")
     if pp_use is not None and pp_use.values and pp_use.values[0] != str(layout.pp):
         pp_word = arguments[pp_use.position + 1]
         edits.append(_replacement(text, pp_word, str(layout.pp), source, launch.reparsed))
@@ -76,7 +76,7 @@ def _last(uses: list[FlagUse], flag: str) -> FlagUse | None:
 def _written(word: ExpandedWord, source: str) -> tuple[int, int]:
     """Where a word's characters are in the script: (start, end), quotes not included."""
     if not word.offsets or min(word.offsets) < 0:
-        raise ConfigError(
+        raise ShellError(
             f"{source}:{word.line}: {word.text[:80]!r} is computed, not written, in the script: "
             "--write-script cannot change it"
         )

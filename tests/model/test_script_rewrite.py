@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ray_layout.errors import ConfigError
 from ray_layout.model.layout import Layout
 from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.script_rewrite import rewrite_split
+from ray_layout.shell.refusal import ShellError
 
 MODEL = ("--num-layers 8 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
          "--vocab-size 1000")  # fmt: skip
@@ -53,7 +53,7 @@ def test_only_the_split_changes_and_the_script_reads_back_as_the_pick(script):
 
 def test_a_computed_split_value_is_refused_not_guessed():
     script = f"L=$(cat layout)\npython pretrain_gpt.py {MODEL} --pipeline-model-parallel-layout $L"
-    with pytest.raises(ConfigError, match="computed, not written"):
+    with pytest.raises(ShellError, match="computed, not written"):
         rewrite_split(script, "s.sh", PICK, "c", {"L": "Et*2|t*3|t*3L"})
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from ray_layout.model.bash_script import Text, read_script
+from ray_layout.shell.script import Text, read_script
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="no bash on this machine to judge by")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ray_layout.model.bash_arithmetic import MAX_PRINTF_CHARS, evaluate_arithmetic, printf
-from tests.helpers.model_bash import bash_arithmetic, bash_printf, needs_bash
+from ray_layout.shell.arithmetic import MAX_PRINTF_CHARS, evaluate_arithmetic, printf
+from tests.helpers.shell_bash import bash_arithmetic, bash_printf, needs_bash
 
 # A is plain, B negative, C an expression (bash evaluates a name's text as arithmetic), D unset.
 VARIABLES = {"A": "5", "B": "-3", "C": "A*2+1"}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_layout.model.bash_escapes import backslash_escape
+from ray_layout.shell.escapes import backslash_escape
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
 """The grammar of bash a launch script uses, over the lexer's tokens: where a command ends,
 which reserved word closes a block, the clauses of an ``if``, what an assignment sets, and
-``test``'s answer on plain values.  ``ray_layout.model.bash_script`` runs what these find."""
+``test``'s answer on plain values.  ``ray_layout.shell.script`` runs what these find."""
 
 from __future__ import annotations
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.bash_tokens import ArrayLiteral, Literal, Operator, Part, Token, Word
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.tokens import ArrayLiteral, Literal, Operator, Part, Token, Word
 
 SEPARATORS = frozenset({"\n", ";", "&", ";;"})
 PIPES = frozenset({"|", "|&"})  # |& pipes the standard error too: no redirection
@@ -107,7 +107,7 @@ def matching_end(tokens: list[Token], start: int, opener: str, closing: str, sou
             if depth == 0:
                 return index + 1
     line = tokens[start].line  # type: ignore[union-attr]
-    raise ConfigError(f"{source}:{line}: '{opener}' is never closed by '{closing}'")
+    raise ShellError(f"{source}:{line}: '{opener}' is never closed by '{closing}'")
 
 
 def matching_parenthesis(tokens: list[Token], start: int, source: str) -> int:
@@ -118,7 +118,7 @@ def matching_parenthesis(tokens: list[Token], start: int, source: str) -> int:
             depth += 1 if token.text == "(" else -1
             if depth == 0:
                 return index + 1
-    raise ConfigError(f"{source}:{tokens[start].line}: a '(' is never closed")  # type: ignore[union-attr]
+    raise ShellError(f"{source}:{tokens[start].line}: a '(' is never closed")  # type: ignore[union-attr]
 
 
 def is_function_definition(tokens: list[Token], start: int) -> bool:
@@ -137,7 +137,7 @@ def next_brace(tokens: list[Token], start: int) -> int:
     for index in range(start, len(tokens)):
         if isinstance(tokens[index], Word) and tokens[index].plain == "{":  # type: ignore[union-attr]
             return index
-    raise ConfigError(f"line {tokens[start].line}: a function without a '{{' body")  # type: ignore[union-attr]
+    raise ShellError(f"line {tokens[start].line}: a function without a '{{' body")  # type: ignore[union-attr]
 
 
 def block_body(body: list[Token]) -> list[Token]:

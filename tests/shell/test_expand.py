@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_layout.model.bash_expand import (
+from ray_layout.shell.expand import (
     Text,
     Unresolved,
     expand,
@@ -19,10 +19,10 @@ from ray_layout.model.bash_expand import (
     same,
     split,
 )
-from ray_layout.model.bash_script import read_script
-from ray_layout.model.bash_tokens import Word
-from ray_layout.model.bash_words import tokenize
-from tests.helpers.model_bash import bash_words, needs_bash, variable, words
+from ray_layout.shell.lexer import tokenize
+from ray_layout.shell.script import read_script
+from ray_layout.shell.tokens import Word
+from tests.helpers.shell_bash import bash_words, needs_bash, variable, words
 
 
 def word(text: str) -> Word:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ray_layout.errors import ConfigError
-from ray_layout.model.launch_script import read_launch, read_script_file
+from ray_layout.model.files import read_text
+from ray_layout.shell.launch import read_launch
 
 ARGS = "--num-layers 4 --hidden-size 64"
 
@@ -111,4 +112,4 @@ def test_a_script_file_is_read_as_every_input_file(tmp_path):
     path = tmp_path / "train.sh"
     path.write_bytes(b"echo \xff\n")
     with pytest.raises(ConfigError, match=r"^train\.sh: not UTF-8 text at byte 5 \(line 1\)$"):
-        read_script_file(path, "train.sh")
+        read_text(path, "train.sh")

@@ -3,8 +3,8 @@ reserved word, a name), and the unquoted prefix where an assignment's ``NAME=`` 
 
 from __future__ import annotations
 
-from ray_layout.model.bash_tokens import Word
-from ray_layout.model.bash_words import tokenize
+from ray_layout.shell.lexer import tokenize
+from ray_layout.shell.tokens import Word
 
 
 def only_word(text: str) -> Word:

@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.bash_grammar import (
+from ray_layout.shell.grammar import (
     and_or_end,
     assignment,
     block_body,
@@ -24,10 +23,11 @@ from ray_layout.model.bash_grammar import (
     next_brace,
     value_of_assignment,
 )
-from ray_layout.model.bash_script import read_script
-from ray_layout.model.bash_tokens import Literal, Operator, Token, Word
-from ray_layout.model.bash_words import tokenize
-from tests.helpers.model_bash import bash_test, needs_bash
+from ray_layout.shell.lexer import tokenize
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.script import read_script
+from ray_layout.shell.tokens import Literal, Operator, Token, Word
+from tests.helpers.shell_bash import bash_test, needs_bash
 
 
 def tokens(text: str) -> list[Token]:
@@ -39,7 +39,7 @@ def texts(found: list[Token]) -> list[str]:
 
 
 def test_broken_scripts_are_one_line_errors_with_the_line():
-    with pytest.raises(ConfigError, match=re.escape("'if' is never closed by 'fi'")):
+    with pytest.raises(ShellError, match=re.escape("'if' is never closed by 'fi'")):
         read_script("if true; then\n echo\n", "t.sh")
 
 
@@ -112,14 +112,14 @@ def test_blocks_close_at_their_own_reserved_word_where_a_command_starts():
 def test_an_open_block_names_its_line(script, opener, closing, message):
     found = tokens(script)
     start = next(i for i, t in enumerate(found) if isinstance(t, Word) and t.plain == opener)
-    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ShellError, match=f"^{re.escape(message)}$"):
         matching_end(found, start, opener, closing, "t.sh")
 
 
 def test_parentheses_match_and_an_open_one_names_its_line():
     found = tokens("(a; (b); c) d")
     assert texts(found[matching_parenthesis(found, 0, "t.sh") :]) == ["d"]
-    with pytest.raises(ConfigError, match=r"^t\.sh:1: a '\(' is never closed$"):
+    with pytest.raises(ShellError, match=r"^t\.sh:1: a '\(' is never closed$"):
         matching_parenthesis(tokens("(a; (b)"), 0, "t.sh")
 
 
@@ -148,7 +148,7 @@ def test_function_definitions_and_their_bodies():
     assert is_function_definition(found, 0)
     assert found[next_brace(found, 0)].plain == "{"
     assert not is_function_definition(tokens("f (x)"), 0)
-    with pytest.raises(ConfigError, match=r"^line 1: a function without a '\{' body$"):
+    with pytest.raises(ShellError, match=r"^line 1: a function without a '\{' body$"):
         next_brace(tokens("function f"), 0)
 
 

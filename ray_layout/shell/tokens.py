@@ -1,4 +1,4 @@
-"""What bash's lexer hands on (``ray_layout.model.bash_words`` cuts them): words made of parts
+"""What bash's lexer hands on (``ray_layout.shell.lexer`` cuts them): words made of parts
 (literal text, a ``$NAME``/``${...}`` reference, a substitution), array literals, operators and
 here-document bodies.  Each literal character keeps its offset in the script, so that a rewrite
 (``--write-script``) can change exactly the characters a value came from.

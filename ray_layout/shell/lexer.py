@@ -1,15 +1,16 @@
 """The words of a bash script, as bash's lexer cuts them: quotes, escapes, comments, line
 continuations, operators, heredocs, array literals and the expansions inside words.
 
-Nothing is expanded here: the tokens (``ray_layout.model.bash_tokens``) keep each part as
-written.  ``ray_layout.model.bash_script`` runs them.
+Nothing is expanded here: the tokens (``ray_layout.shell.tokens``) keep each part as
+written.  ``ray_layout.shell.script`` runs them.
 """
 
 from __future__ import annotations
 
-from ray_layout.errors import ConfigError, quoted
-from ray_layout.model.bash_escapes import as_argv, backslash_escape
-from ray_layout.model.bash_tokens import (
+from ray_layout.errors import quoted
+from ray_layout.shell.escapes import as_argv, backslash_escape
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.tokens import (
     ArrayLiteral,
     Heredoc,
     Literal,
@@ -40,8 +41,8 @@ class _Lexer:
         self.pending_heredocs: list[tuple[str, bool, bool]] = []  # (delimiter, <<-, quoted)
         self.tokens: list[Token] = []
 
-    def error(self, message: str, line: int | None = None) -> ConfigError:
-        return ConfigError(f"{self.source}:{line or self.line}: {message}")
+    def error(self, message: str, line: int | None = None) -> ShellError:
+        return ShellError(f"{self.source}:{line or self.line}: {message}")
 
     def peek(self, ahead: int = 0) -> str:
         index = self.pos + ahead
@@ -437,13 +438,13 @@ class _Lexer:
 
 
 def tokenize(text: str, source: str) -> list[Token]:
-    """The script's tokens; a :class:`ConfigError` naming the line where a quote, a
+    """The script's tokens; a :class:`ShellError` naming the line where a quote, a
     substitution or a here-document is never closed."""
     if len(text) > MAX_SCRIPT_CHARS:
-        raise ConfigError(
+        raise ShellError(
             f"{source}: {len(text):,} characters, more than a launch script's {MAX_SCRIPT_CHARS:,}"
         )
     try:
         return _Lexer(text, source).run()
     except RecursionError:
-        raise ConfigError(f"{source}: expansions nested too deeply") from None
+        raise ShellError(f"{source}: expansions nested too deeply") from None

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from ray_layout.errors import quoted
-from ray_layout.model.bash_escapes import as_argv, backslash_escape
+from ray_layout.shell.escapes import as_argv, backslash_escape
 
 MAX_NESTING = 64  # parentheses, unary operators and ?: inside each other
 MAX_VARIABLE_DEPTH = 8  # a variable whose text names a variable whose text names ...

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ray_layout.errors import clipped
-from ray_layout.model.bash_arithmetic import evaluate_arithmetic
-from ray_layout.model.bash_tokens import Literal, Part, Reference, Substitution, Word
+from ray_layout.shell.arithmetic import evaluate_arithmetic
+from ray_layout.shell.tokens import Literal, Part, Reference, Substitution, Word
 
 
 @dataclass(frozen=True)
@@ -344,7 +344,7 @@ def _source_of(part: Part) -> str:
 
 def _literal_word(text: str) -> Word:
     """An arithmetic body as one word, so that its ``$NAME`` references expand."""
-    from ray_layout.model.bash_words import tokenize as _tokenize
+    from ray_layout.shell.lexer import tokenize as _tokenize
 
     words = [t for t in _tokenize(f'"{text}"', "arithmetic") if isinstance(t, Word)]
     return words[0] if words else Word((), 0, 0, 0)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.bash_script import Unresolved, read_script
-from tests.helpers.model_bash import variable
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.script import Unresolved, read_script
+from tests.helpers.shell_bash import variable
 
 
 def test_arithmetic_and_printf_on_plain_values():
@@ -51,7 +51,7 @@ def test_heredocs_are_data_and_a_launch_line_keeps_its_environment_prefixes():
 def test_any_text_reads_or_fails_with_one_config_error(text):
     try:
         read_script(text, "t.sh")
-    except ConfigError as exc:
+    except ShellError as exc:
         assert "\n" not in str(exc).replace("\\n", "")
 
 

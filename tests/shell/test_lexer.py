@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.bash_tokens import (
+from ray_layout.shell.lexer import MAX_NESTING, MAX_SCRIPT_CHARS, tokenize
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.tokens import (
     ArrayLiteral,
     Heredoc,
     Literal,
@@ -22,8 +23,7 @@ from ray_layout.model.bash_tokens import (
     Substitution,
     Word,
 )
-from ray_layout.model.bash_words import MAX_NESTING, MAX_SCRIPT_CHARS, tokenize
-from tests.helpers.model_bash import bash_words, needs_bash, words
+from tests.helpers.shell_bash import bash_words, needs_bash, words
 
 
 def only_word(text: str) -> Word:
@@ -58,7 +58,7 @@ def test_quotes_escapes_and_continuations_as_bash_passes_them():
     ],
 )
 def test_broken_scripts_are_one_line_errors_with_the_line(script, message):
-    with pytest.raises(ConfigError, match=re.escape(message)) as info:
+    with pytest.raises(ShellError, match=re.escape(message)) as info:
         tokenize(script, "t.sh")
     assert "\n" not in str(info.value)
 
@@ -107,7 +107,7 @@ def test_every_literal_character_points_at_itself_in_the_script(text):
     """The offsets --write-script changes: each one is the character it stands for."""
     try:
         tokens = tokenize(text, "t.sh")
-    except ConfigError:
+    except ShellError:
         return
     for token in tokens:
         for word in token.words if isinstance(token, ArrayLiteral) else [token]:
@@ -160,7 +160,7 @@ def test_a_dollar_without_a_name_is_a_plain_character():
 
 
 def test_an_open_double_quote_names_the_line_it_opens_on():
-    with pytest.raises(ConfigError, match=r"^t\.sh:1: a quotation is never closed$"):
+    with pytest.raises(ShellError, match=r"^t\.sh:1: a quotation is never closed$"):
         tokenize('echo "a\nb\nc', "t.sh")
 
 

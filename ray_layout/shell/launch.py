@@ -8,7 +8,7 @@ a command in a here-document.  A script whose command is kept in a variable for 
 Slurm wrapper's ``TRAINING_CMD``) is read through that variable.  A *model file* without any
 command (slime's ``MODEL_ARGS=(...)``, Megatron-LM's modelopt ``conf/*.sh``) gives its arguments
 from the variables that hold ``--num-layers``.  The script is read, never run
-(``ray_layout.model.bash_script``).
+(``ray_layout.shell.script``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
-from ray_layout.errors import ConfigError
-from ray_layout.model.bash_expand import split
-from ray_layout.model.bash_script import (
+from ray_layout.shell.expand import split
+from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.script import (
     Command,
     ExpandedWord,
     ScriptReading,
@@ -29,7 +29,6 @@ from ray_layout.model.bash_script import (
     read_script,
     words_of,
 )
-from ray_layout.model.files import read_text
 
 SCRIPT = "pretrain_gpt.py"
 # Programs that run the script (or wrap the program that does).
@@ -72,11 +71,6 @@ class LaunchReading:
     notes: tuple[str, ...]
     is_model_file: bool
     reparsed: bool = False  # the command is a variable's text that bash parses again (bash -c)
-
-
-def read_script_file(path: Path, source: str) -> str:
-    """A script's text, read as every input file is (:func:`ray_layout.model.files.read_text`)."""
-    return read_text(path, source)
 
 
 def read_launch(
@@ -172,7 +166,7 @@ def _launch_command(reading: ScriptReading, source: str, notes: list[str]) -> Co
     if runs:
         if len({tuple(w.text for w in c.words) for c in runs}) > 1:
             lines = ", ".join(str(c.line) for c in runs)
-            raise ConfigError(
+            raise ShellError(
                 f"{source}: {SCRIPT} runs under conditions this reader cannot decide (lines "
                 f"{lines}; {runs[0].condition}): give the variables they test with --env"
             )
@@ -199,7 +193,7 @@ def _model_file_arguments(
     names = []
     for name, value in reading.variables.items():
         if isinstance(value, Unresolved) and "--num-layers" in value.reason:
-            raise ConfigError(f"{source}: {value.reason}")
+            raise ShellError(f"{source}: {value.reason}")
         words = _words_of_value(value)
         if any(w.text == "--num-layers" for w in words):
             line = reading.lines.get(name, 1)
@@ -208,7 +202,7 @@ def _model_file_arguments(
     if not names:
         unresolved = [v.reason for v in reading.variables.values() if isinstance(v, Unresolved)]
         hint = f" ({unresolved[0]})" if unresolved else ""
-        raise ConfigError(
+        raise ShellError(
             f"{source}: no command runs {SCRIPT} and no variable holds --num-layers{hint}"
         )
     held = ", ".join(f"${n}" for n in names)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from ray_layout.model.bash_arithmetic import printf
-from ray_layout.model.bash_expand import (
+from ray_layout.shell.arithmetic import printf
+from ray_layout.shell.expand import (
     ExpandedWord,
     Text,
     Unresolved,
@@ -28,7 +28,7 @@ from ray_layout.model.bash_expand import (
     expand_whole,
     same,
 )
-from ray_layout.model.bash_grammar import (
+from ray_layout.shell.grammar import (
     OPENERS,
     PIPES,
     SEPARATORS,
@@ -44,8 +44,8 @@ from ray_layout.model.bash_grammar import (
     next_brace,
     value_of_assignment,
 )
-from ray_layout.model.bash_tokens import ArrayLiteral, Heredoc, Operator, Token, Word
-from ray_layout.model.bash_words import tokenize
+from ray_layout.shell.lexer import tokenize
+from ray_layout.shell.tokens import ArrayLiteral, Heredoc, Operator, Token, Word
 
 # Each takes the word after it (its target), but << and <<-, whose body is a token of its own.
 _REDIRECTIONS = frozenset({">", ">>", ">&", ">|", "&>", "&>>", "<", "<&", "<>", "<<<"})
