@@ -22,7 +22,7 @@ from ray_layout.model.loading import load_recipe
 from ray_layout.model.megatron_recipe import Overrides
 from ray_layout.model.spec import MAX_DIMENSION, MAX_PARALLEL_SIZE, Recipe
 
-CONFIG_HELP = "model config: project YAML/JSON, HF config.json, or Megatron launch script"
+CONFIG_HELP = "model config: project YAML/JSON, HF config.json, Megatron launch script or run log"
 PARALLEL = "parallel sizes (override the config's)"
 
 
@@ -84,6 +84,9 @@ class ModelSettings(Settings):
         metavar="NAME=VALUE",
         checks=[_environment_checks],
     )
+    script_args: tuple[str, ...] = argument(
+        help="after --: the launch script's own arguments ($1, $2, ...)", default=()
+    )
 
     def overrides(self, **sizes: int) -> Overrides:
         """What the flags say about the config: the job's environment and the sizes that
@@ -95,7 +98,8 @@ class ModelSettings(Settings):
             if v is not None
         }
         environment = dict(text.partition("=")[::2] for text in self.env)
-        return Overrides(environment, given | sizes)
+        arguments = self.script_args if self.script_args else None
+        return Overrides(environment, given | sizes, arguments)
 
     def recipe(self) -> Recipe:
         """The config's recipe with the flags' overrides, given to a launch script before

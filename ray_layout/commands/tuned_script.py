@@ -14,9 +14,10 @@ from ray_layout.commands.checks import new_file
 from ray_layout.commands.common import ModelSettings
 from ray_layout.commands.flags import option
 from ray_layout.errors import ConfigError, InputError
-from ray_layout.model.files import read_text
+from ray_layout.model.files import read_log_opening, read_text
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
+from ray_layout.model.run_log import holds_arguments_block
 from ray_layout.model.script_rewrite import rewrite_split
 from ray_layout.model.split import current_layout
 from ray_layout.shell.refusal import ShellError
@@ -50,6 +51,11 @@ def write_tuned_script(settings: ModelSettings, out: str, layout: Layout, commen
     if not path.is_file() or path.suffix.lower() in _FILE_CONFIGS:
         raise ConfigError(
             f"--write-script needs a launch script or model file as CONFIG, not {source[:80]!r}"
+        )
+    if holds_arguments_block(read_log_opening(path, source)):
+        raise ConfigError(
+            f"--write-script needs a launch script or model file as CONFIG, not the run log "
+            f"{source[:80]!r}: paste the flag into the script that launched the run"
         )
     text = read_text(path, source)
     try:

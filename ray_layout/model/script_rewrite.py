@@ -18,7 +18,7 @@ from ray_layout.model.megatron_args import FlagUse, walk_flags
 from ray_layout.model.split import SPLIT_FLAGS
 from ray_layout.shell.launch import read_launch
 from ray_layout.shell.refusal import ShellError
-from ray_layout.shell.script import ExpandedWord
+from ray_layout.shell.values import ExpandedWord
 
 _LAYOUT_FLAG = SPLIT_FLAGS["layout"]
 _PP_FLAG = "--pipeline-model-parallel-size"

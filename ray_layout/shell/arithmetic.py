@@ -4,9 +4,10 @@ Arithmetic follows bash's own grammar (its ``expr.c``), read by precedence climb
 table: unary ``- + ! ~`` bind tighter than ``**`` (``-2**2`` is 4), ``**`` is right-associative,
 then ``* / %``, ``+ -``, shifts, comparisons, ``& ^ |``, ``&& ||`` (short-circuit), ``?:`` and
 ``,``.  Integers are bash's: decimal, ``0x`` hex, ``0`` octal, ``BASE#DIGITS``, 64 bits wrapping
-around as bash's do, division truncated toward zero.  Assignments (``=``, ``+=``, ``++``...) are
-refused: they would change the script's variables.  Sizes stay bounded, so a hostile script
-cannot make the reader allocate or recurse without end.
+around as bash's do, division truncated toward zero.  Assignments (``=``, ``+=``, ``++``...) go
+to the caller's ``assign`` (``(( X += 8 ))`` and ``let`` change the script's variables); without
+one they are refused.  Sizes stay bounded, so a hostile script cannot make the reader allocate
+or recurse without end.
 """
 
 from __future__ import annotations
@@ -63,24 +64,34 @@ _UNARY: dict[str, Callable[[int], int]] = {
 }
 _TOKEN = re.compile(
     r"[ \t\n]*(?:(?P<number>[0-9][0-9A-Za-z@_#]*)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-    r"|(?P<operator>\*\*|<<|>>|<=|>=|==|!=|&&|\|\||\+\+|--|[-+*/%<>&|^!~?:,()]))"
+    r"|(?P<operator><<=|>>=|\*\*|<<|>>|<=|>=|==|!=|&&|\|\||\+\+|--|[-+*/%&|^]="
+    r"|[-+*/%<>&|^!~?:,()=]))"
 )
 
 
-def evaluate_arithmetic(expression: str, lookup: Callable[[str], str | None]) -> int:
+Assign = Callable[[str, int], None]
+
+
+def evaluate_arithmetic(
+    expression: str, lookup: Callable[[str], str | None], assign: Assign | None = None
+) -> int:
     """The value of a bash arithmetic expression; ``lookup`` gives a variable's text (a name
-    whose text is itself an expression is evaluated, as bash does).  ``ValueError`` names what
-    is not plain arithmetic."""
+    whose text is itself an expression is evaluated, as bash does), ``assign`` takes what an
+    assignment sets.  ``ValueError`` names what is not plain arithmetic."""
     try:
-        return _evaluate(expression, lookup, depth=0)
+        return _Reader(expression.strip(), lookup, 0, assign).whole()
     except RecursionError:
         raise ValueError(f"{quoted(expression.strip())} is nested too deeply") from None
 
 
 def _evaluate(expression: str, lookup: Callable[[str], str | None], depth: int) -> int:
+    """A variable's text as an expression (no assignment: bash's values are read, not run)."""
     if depth > MAX_VARIABLE_DEPTH:
         raise ValueError("variables refer to each other too deeply")
-    return _Reader(expression.strip(), lookup, depth).whole()
+    return _Reader(expression.strip(), lookup, depth, None).whole()
+
+
+_ASSIGNMENTS = frozenset({"=", "+=", "-=", "*=", "/=", "%=", "<<=", ">>=", "&=", "^=", "|="})
 
 
 def _wrap(value: int) -> int:
@@ -118,8 +129,10 @@ class _Reader:
     """One expression, read and computed at once as bash's evaluator does: a side that a
     ``&&``, ``||`` or ``?:`` skips is read with ``live`` False (names 0, no division error)."""
 
-    def __init__(self, text: str, lookup: Callable[[str], str | None], depth: int) -> None:
-        self.text, self.lookup, self.depth = text, lookup, depth
+    def __init__(
+        self, text: str, lookup: Callable[[str], str | None], depth: int, assign: Assign | None
+    ) -> None:
+        self.text, self.lookup, self.depth, self.assign = text, lookup, depth, assign
         self.tokens = _tokens(text)
         self.position = 0
         self.nesting = 0
@@ -152,10 +165,34 @@ class _Reader:
         return value
 
     def comma(self, live: bool) -> int:
-        value = self.conditional(live)
+        value = self.assignment(live)
         while self.peek() == ",":
             self.take()
-            value = self.conditional(live)
+            value = self.assignment(live)
+        return value
+
+    def assignment(self, live: bool) -> int:
+        """``NAME op= value`` (right-associative, below ``?:``), else a conditional."""
+        following = self.tokens[self.position + 1] if self.position + 1 < len(self.tokens) else ""
+        if not (_is_name(self.peek()) and following in _ASSIGNMENTS):
+            return self.conditional(live)
+        name, operator = self.take(), self.take()
+        with self.nested():
+            value = self.assignment(live)
+        if operator != "=":
+            value = self.apply(operator[:-1], self.variable(name, live), value, live)
+        return self.store(name, value, live)
+
+    def variable(self, name: str, live: bool) -> int:
+        if not live:
+            return 0
+        return _evaluate(self.lookup(name) or "0", self.lookup, self.depth + 1)
+
+    def store(self, name: str, value: int, live: bool) -> int:
+        if live:
+            if self.assign is None:
+                raise self.error(f"assigns {name}, which only a running shell does here")
+            self.assign(name, value)
         return value
 
     def conditional(self, live: bool) -> int:
@@ -197,6 +234,11 @@ class _Reader:
 
     def unary(self, live: bool) -> int:
         token = self.take()
+        if token in ("++", "--") and _is_name(self.peek()):
+            name = self.take()
+            return self.store(
+                name, _wrap(self.variable(name, live) + (1 if token == "++" else -1)), live
+            )
         if token in _UNARY:
             with self.nested():
                 return _wrap(_UNARY[token](self.unary(live)))
@@ -208,10 +250,11 @@ class _Reader:
             return value
         if token[:1].isdigit():
             return _number(token, self.text)
-        if _is_name(token) and self.peek() not in ("++", "--"):
-            if not live:
-                return 0
-            return _evaluate(self.lookup(token) or "0", self.lookup, self.depth + 1)
+        if _is_name(token):
+            value = self.variable(token, live)
+            if self.peek() in ("++", "--"):
+                self.store(token, _wrap(value + (1 if self.take() == "++" else -1)), live)
+            return value
         raise self.error()
 
 

@@ -6,77 +6,40 @@ its value matters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
 
 from ray_layout.errors import clipped
 from ray_layout.shell.arithmetic import evaluate_arithmetic
+from ray_layout.shell.patterns import TRANSFORMS, edited, glob_regex, sliced
 from ray_layout.shell.tokens import Literal, Part, Reference, Substitution, Word
+from ray_layout.shell.values import (
+    EMPTY,
+    ExpandedWord,
+    Text,
+    Unresolved,
+    Value,
+    Variables,
+    hole,
+    join,
+    missing_of,
+    missing_reason,
+    not_set,
+    split,
+)
 
 
-@dataclass(frozen=True)
-class Unresolved:
-    """A value this reader cannot know, and why (with the line that made it so)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Text:
-    """An expanded string; each character's offset in the script, or -1 where it did not come
-    from the script's own text (an ``--env`` value, arithmetic)."""
-
-    text: str
-    offsets: tuple[int, ...]
-    missing: tuple[str, ...] = ()  # variables it used that nothing set: they expanded to ""
-    unresolved: str | None = None  # an array element this reader cannot know: why
-
-    def __add__(self, other: Text) -> Text:
-        missing = self.missing + tuple(m for m in other.missing if m not in self.missing)
-        return Text(
-            self.text + other.text,
-            self.offsets + other.offsets,
-            missing,
-            self.unresolved or other.unresolved,
-        )
-
-    @staticmethod
-    def of(text: str) -> Text:
-        return Text(text, (-1,) * len(text))
-
-
-Value = Text | tuple[Text, ...] | Unresolved
-
-
-@dataclass(frozen=True)
-class ExpandedWord:
-    """One word of a command as bash would pass it; ``unresolved`` says why its text is not
-    what the job will see (then ``text`` is the word as written)."""
-
-    text: str
-    line: int
-    offsets: tuple[int, ...]
-    unresolved: str | None = None
-    missing: tuple[str, ...] = ()  # unset variables that expanded to nothing inside the word
-
-    @property
-    def unknown(self) -> str | None:
-        """Why the job may see other text than ``text``, if it may: a value this reader does
-        not have, or a variable nothing set (here it expanded to nothing)."""
-        return self.unresolved or (not_set(self.missing[0]) if self.missing else None)
-
-
-def expand(token: Word, variables: dict[str, Value]) -> list[ExpandedWord]:
+def expand(token: Word, variables: Variables) -> list[ExpandedWord]:
     """A word as bash passes it: unquoted expansions split on blanks, ``"${A[@]}"`` one word
     per element, an unquoted expansion to nothing no word at all.  A word with a value this
     reader does not have is one word, as written, with the reason."""
-    fields = _Fields()
+    fields = _Fields(variables)
     try:
         fields.add(token.parts, variables, expanded=False)
     except _Unknown as unknown:
         return [_placeholder(token, str(unknown))]
     words = fields.finish()
     if not words and fields.missing:  # `--nnodes $NNODES`: a value the job's environment gives
-        return [_placeholder(token, not_set(fields.missing[0]))]
+        return [_placeholder(token, missing_reason(fields.missing))]
     return [ExpandedWord(f.text, token.line, f.offsets, f.unresolved, f.missing) for f in words]
 
 
@@ -86,7 +49,8 @@ class _Fields:
     expands to nothing stays named on the word it was in (``--nnodes=$NN``), for where its
     value matters."""
 
-    def __init__(self) -> None:
+    def __init__(self, variables: Variables) -> None:
+        self.variables = variables
         self.done: list[Text] = []
         self.current: Text | None = None
         self.missing: tuple[str, ...] = ()  # every unset variable the word used
@@ -94,7 +58,7 @@ class _Fields:
         self.characters = False  # the expansion so far gave characters (blanks too)
         self.null = False  # a quoted part of it gave nothing: bash's had_quoted_null
 
-    def add(self, parts: tuple[Part, ...], variables: dict[str, Value], *, expanded: bool) -> None:
+    def add(self, parts: tuple[Part, ...], variables: Variables, *, expanded: bool) -> None:
         """``parts`` in order; ``expanded``: they are a default's word (``${U:-a 'b c'}``),
         whose unquoted text is split as any expansion's result is, and its quoted text not."""
         for part in parts:
@@ -113,7 +77,7 @@ class _Fields:
             else:
                 self.value(part, part_value(part, variables))
 
-    def word_of(self, part: Reference, variables: dict[str, Value]) -> None:
+    def word_of(self, part: Reference, variables: Variables) -> None:
         """A default's or alternative's word, expanded on its own as bash does.  One that gives
         no characters but a quoted null (``${V:+""}``, ``${U:-"$E"}``) keeps that null, which
         starts a word, only if no quoted part before it in the word gave nothing: bash drops it
@@ -122,6 +86,12 @@ class _Fields:
         null, characters, before = self.null, self.characters, self.current
         self.null = self.characters = False
         self.add(part.argument, variables, expanded=True)
+        if (
+            not self.characters
+            and variables.get(part.name) is None
+            and part.operator in ("-", ":-")
+        ):
+            self.split_in(Text("", (), (part.name,)), [])  # ${U:-} of an unset U: as $U
         if self.characters:
             self.null |= null
         else:
@@ -137,8 +107,10 @@ class _Fields:
     def value(self, part: Part, value: Value) -> None:
         if isinstance(value, Unresolved):
             raise _Unknown(value.reason)
-        self.missing += tuple(n for n in _missing(value) if n not in self.missing)
-        each_element = isinstance(part, Reference) and part.quoted and part.index == "@"
+        self.missing += tuple(n for n in missing_of(value) if n not in self.missing)
+        each_element = (
+            isinstance(part, Reference) and part.quoted and "@" in (part.index, part.name)
+        )
         if isinstance(value, tuple) and each_element:
             for position, element in enumerate(value):
                 if position:
@@ -147,13 +119,14 @@ class _Fields:
                 self.join(element)
             self.null |= len(value) == 1 and not value[0].text
             return
-        text = _join(list(value)) if isinstance(value, tuple) else value
+        text = join(list(value), _ifs(self.variables)[:1]) if isinstance(value, tuple) else value
         if part.quoted:
             self.join(text)
             self.null |= not text.text
             return
         elements = value if isinstance(value, tuple) else (value,)
-        self.split_in(text, [piece for element in elements for piece in split(element)])
+        ifs = _ifs(self.variables)
+        self.split_in(text, [piece for element in elements for piece in split(element, ifs)])
 
     def split_in(self, text: Text, pieces: list[Text]) -> None:
         """An unquoted result: blanks end words, its pieces join the words around them."""
@@ -193,26 +166,33 @@ class _Unknown(Exception):
     """A part of the word whose value this reader does not have (the reason)."""
 
 
-def expand_whole(token: Word, variables: dict[str, Value]) -> ExpandedWord:
-    """A word where bash does not split (an assignment's value, a ``NAME=`` prefix)."""
+def expand_whole(token: Word, variables: Variables, *, holes: bool = False) -> ExpandedWord:
+    """A word where bash does not split (an assignment's value, a ``NAME=`` prefix).  With
+    ``holes``, a part whose value the reader lacks becomes a hole in the text (see
+    :func:`hole`), the rest kept; else the whole word is unresolved."""
     text = Text("", ())
     for part in token.parts:
         value = part if isinstance(part, Literal) else part_value(part, variables)
+        if isinstance(value, Unresolved) and holes:
+            value = hole(_source_of(part), value.reason)
         if isinstance(value, Unresolved):
             return ExpandedWord(self_text(token), token.line, (), value.reason)
         if isinstance(value, Literal):
             text += Text(value.text, value.offsets)
         elif isinstance(value, tuple):
-            text += _join(list(value))
+            text += join(list(value))
         else:
             text += value
-    return ExpandedWord(text.text, token.line, text.offsets, None, text.missing)
+    return ExpandedWord(text.text, token.line, text.offsets, text.unresolved, text.missing)
 
 
-def part_value(part: Part, variables: dict[str, Value]) -> Value:
+def part_value(part: Part, variables: Variables) -> Value:
     if isinstance(part, Substitution):
         if part.kind == "arithmetic":
             return arithmetic(part, variables)
+        substitute = getattr(variables, "substitute", None)
+        if part.kind == "command" and substitute is not None:
+            return substitute(part)
         return Unresolved(
             f"{clipped(part.source)} (a {part.kind} substitution, which needs a real shell)"
         )
@@ -220,43 +200,75 @@ def part_value(part: Part, variables: dict[str, Value]) -> Value:
     return reference(part, variables)
 
 
-def arithmetic(part: Substitution, variables: dict[str, Value]) -> Value:
+MAX_ARITHMETIC_LOOKUPS = 100_000  # a variable fan-out (a1='a0+a0', a2='a1+a1', ...) ends here
+
+
+def arithmetic(part: Substitution, variables: Variables) -> Value:
+    return arithmetic_text(part.text, variables, clipped(part.source))
+
+
+def arithmetic_text(body: str, variables: Variables, shown: str) -> Value:
+    """``body`` (its ``$NAME`` expanded first) as bash's arithmetic; assignments set
+    ``variables``.  A value this reader does not have, or text that is no arithmetic, is
+    unresolved with the reason."""
+    lookups = 0
+    unset: list[str] = []  # names bash takes as 0: remembered on the result
+
     def lookup(name: str) -> str | None:
+        nonlocal lookups
+        lookups += 1
+        if lookups > MAX_ARITHMETIC_LOOKUPS:
+            raise ValueError(f"reads variables more than {MAX_ARITHMETIC_LOOKUPS:,} times")
         value = variables.get(name)
-        if isinstance(value, Text) and not value.missing:
+        if isinstance(value, tuple):  # an array's name is its first element, as in bash
+            value = value[0] if value else None
+        if isinstance(value, Text) and not value.unresolved:
+            unset.extend(value.missing)
             return value.text
-        if value is None or isinstance(value, Text):
-            raise _Unknown(not_set(name if value is None else value.missing[0]))
-        raise _Unknown(value.reason if isinstance(value, Unresolved) else f"array {name}")
+        if value is None:
+            unset.append(name)
+            _used_unset(variables, name)
+            return None
+        raise _Unknown(value.reason if isinstance(value, Unresolved) else value.unresolved)
+
+    def assign(name: str, number: int) -> None:
+        variables[name] = Text.of(str(number))
 
     try:
-        expression = expand_whole(_literal_word(part.text), variables)
-        if expression.unresolved or expression.missing:
-            return Unresolved(expression.unresolved or not_set(expression.missing[0]))
-        return Text.of(str(evaluate_arithmetic(expression.text, lookup)))
+        expression = expand_whole(_literal_word(body), variables)
+        if expression.unresolved:
+            return Unresolved(expression.unresolved)
+        number = str(evaluate_arithmetic(expression.text, lookup, assign))
+        missing = tuple(dict.fromkeys(expression.missing + tuple(unset)))
+        return Text(number, (-1,) * len(number), missing)
     except _Unknown as exc:
-        return Unresolved(f"{clipped(part.source)} uses {exc}")
+        return Unresolved(f"{shown} uses {exc}")
     except ValueError as exc:
-        return Unresolved(f"{clipped(part.source)}: {exc}")
+        return Unresolved(f"{shown}: {exc}")
 
 
-def reference(part: Reference, variables: dict[str, Value]) -> Value:
+def reference(part: Reference, variables: Variables) -> Value:
     name, operator = part.name, part.operator
     if operator == "unsupported":
         return Unresolved(f"{clipped(part.source)} (an expansion this reader does not evaluate)")
     if name in _SHELL_ONLY:
         return Unresolved(f"{clipped(part.source)} (a value only a running shell has)")
-    if operator == "#":
+    if operator == "length":
         whole = variables.get(name)
         if isinstance(whole, Unresolved):
             return whole
+        if part.index not in (None, "@", "*"):
+            element = _value_of(part, variables)
+            return element if isinstance(element, Unresolved) else Text.of(str(_length(element)))
         count = len(whole) if isinstance(whole, tuple) else len(whole.text) if whole else 0
         return Text.of(str(count))
     if takes_word(part, variables):
         word = expand_whole(Word(part.argument, 0, 0, 0), variables)
         if word.unresolved:
             return Unresolved(word.unresolved)
-        result = Text(word.text, word.offsets, word.missing)
+        unset = variables.get(name) is None and not operator.endswith("+")
+        missing = word.missing + ((name,) if unset and not word.text else ())
+        result = Text(word.text, word.offsets, missing)  # ${X:-} of an unset X: as $X
         if operator in (":=", "="):
             variables[name] = result
         return result
@@ -264,17 +276,84 @@ def reference(part: Reference, variables: dict[str, Value]) -> Value:
     if isinstance(value, Unresolved):
         return value
     if operator in (":+", "+"):
-        return _EMPTY
+        return EMPTY
+    if operator == "!":
+        target = variables.get(value.text) if isinstance(value, Text) else None
+        if isinstance(value, Text) and value.text.isidentifier():
+            return target if target is not None else Text("", (), (value.text,))
+        return Unresolved(f"{clipped(part.source)} (an indirection this reader does not follow)")
     if value is None:  # as in bash, nothing; remembered, for where the value matters
+        _used_unset(variables, name)
         return Text("", (), (name,))
+    if operator in TRANSFORMS:
+        return _transform(part, value, variables)
     return value
+
+
+def _used_unset(variables: Variables, name: str) -> None:
+    """Tell the interpreter (``set -u`` stops there) that a plain reference found ``name``
+    unset."""
+    note = getattr(variables, "unset", None)
+    if note is not None and not name.isdigit() and name not in ("@", "*", "#"):
+        note(name)
+
+
+def _length(value: Value | None) -> int:
+    return len(value.text) if isinstance(value, Text) else 0
+
+
+def _transform(part: Reference, value: Value, variables: Variables) -> Value:
+    """``${V#p}``, ``${V//p/r}``, ``${V:1:2}``, ``${V^^}``...: on each element of an array
+    reference (``${A[@]#p}``), on the text otherwise."""
+    operator, shown = part.operator or "", clipped(part.source)
+    if operator == ":":
+        bounds = expand_whole(Word(part.argument, 0, 0, 0), variables)
+        if bounds.unresolved or bounds.missing:
+            return Unresolved(bounds.unresolved or not_set(bounds.missing[0]))
+        numbers = [arithmetic_text(text, variables, shown) for text in bounds.text.split(":", 1)]
+        known = [n for n in numbers if isinstance(n, Text)]
+        if len(known) < len(numbers):
+            return next(n for n in numbers if isinstance(n, Unresolved))
+        return sliced(value, [int(n.text) for n in known], shown)
+    pattern = pattern_of(part.argument or (Literal("?", (-1,), False),), variables)
+    if isinstance(pattern, Unresolved):
+        return pattern
+    replacement = EMPTY
+    if part.replacement is not None:
+        word = expand_whole(Word(part.replacement, 0, 0, 0), variables)
+        if word.unresolved:
+            return Unresolved(word.unresolved)
+        replacement = Text(word.text, word.offsets)
+    return edited(operator, value, pattern, replacement, shown)
+
+
+def pattern_of(parts: tuple[Part, ...], variables: Variables) -> re.Pattern[str] | Unresolved:
+    """A glob as a regular expression: quoted text matches itself, ``*``, ``?`` and ``[...]``
+    outside quotes are the pattern's."""
+    pieces: list[str] = []
+    for part in parts:
+        if isinstance(part, Literal):
+            pieces.append(re.escape(part.text) if part.quoted else glob_regex(part.text))
+            continue
+        value = part_value(part, variables)
+        if isinstance(value, Unresolved):
+            return value
+        text = join(list(value), " ") if isinstance(value, tuple) else value
+        quoted = isinstance(part, Reference | Substitution) and part.quoted
+        pieces.append(re.escape(text.text) if quoted else glob_regex(text.text))
+    return re.compile("".join(pieces), re.DOTALL)
+
+
+def _ifs(variables: Variables) -> str:
+    value = variables.get("IFS")
+    return value.text if isinstance(value, Text) else " \t\n"
 
 
 _SHELL_ONLY = ("?", "$", "!", "-")
 _WORD_OPERATORS = (":-", "-", ":=", "=", ":+", "+")
 
 
-def takes_word(part: Reference, variables: dict[str, Value]) -> bool:
+def takes_word(part: Reference, variables: Variables) -> bool:
     """Whether ``${NAME:-word}`` (or ``-``, ``:=``, ``=``, ``:+``, ``+``) expands to its word:
     a default for a variable unset (or empty, with ``:``), an alternative for one set."""
     if part.operator not in _WORD_OPERATORS or part.name in _SHELL_ONLY:
@@ -288,40 +367,24 @@ def takes_word(part: Reference, variables: dict[str, Value]) -> bool:
     return absent != part.operator.endswith("+")
 
 
-def _value_of(part: Reference, variables: dict[str, Value]) -> Value | None:
-    """What the reference names (an array's element for ``${A[1]}``); None: nothing set it."""
+def _value_of(part: Reference, variables: Variables) -> Value | None:
+    """What the reference names (an array's element for ``${A[1]}``, ``${A[-1]}``,
+    ``${A[i+1]}``); None: nothing set it."""
     value = variables.get(part.name)
-    if isinstance(value, tuple) and part.index not in ("@", "*"):
-        position = int(part.index) if (part.index or "0").isdigit() else -1
-        return value[position] if 0 <= position < len(value) else None
-    return value
+    if part.index in (None, "@", "*") or isinstance(value, Unresolved):
+        return value
+    position = array_index(part.index, variables, clipped(part.source))
+    if isinstance(position, Unresolved):
+        return position
+    elements = value if isinstance(value, tuple) else (value,) if value is not None else ()
+    position += len(elements) if position < 0 else 0
+    return elements[position] if 0 <= position < len(elements) else None
 
 
-_EMPTY = Text("", ())
-
-
-def not_set(name: str) -> str:
-    """Why a value that uses ``name`` is not known here, and how the user gives it."""
-    if name.isdigit() or name in ("@", "*", "#"):
-        return f"${name}, the script's own argument (give --env {name}=VALUE)"
-    return f"${name}, which the script does not set (give --env {name}=VALUE)"
-
-
-def same(one: Value | None, other: Value | None) -> bool:
-    """Whether two outcomes leave a variable with the same text (where it was written aside)."""
-    if isinstance(one, Text) and isinstance(other, Text):
-        return one.text == other.text and bool(one.missing) == bool(other.missing)
-    if isinstance(one, tuple) and isinstance(other, tuple):
-        return len(one) == len(other) and all(map(same, one, other))
-    return one == other
-
-
-def _missing(value: Value) -> tuple[str, ...]:
-    if isinstance(value, Text):
-        return value.missing
-    if isinstance(value, tuple):
-        return tuple(name for text in value for name in text.missing)
-    return ()
+def array_index(index: str, variables: Variables, shown: str) -> int | Unresolved:
+    """An array subscript: arithmetic, as bash reads it."""
+    number = arithmetic_text(index, variables, shown)
+    return number if isinstance(number, Unresolved) else int(number.text)  # type: ignore[union-attr]
 
 
 def _placeholder(token: Word, reason: str) -> ExpandedWord:
@@ -348,35 +411,3 @@ def _literal_word(text: str) -> Word:
 
     words = [t for t in _tokenize(f'"{text}"', "arithmetic") if isinstance(t, Word)]
     return words[0] if words else Word((), 0, 0, 0)
-
-
-def split(text: Text) -> list[Text]:
-    """Bash's word splitting on blanks (the default IFS); a value this reader does not know stays
-    one word."""
-    if text.unresolved:
-        return [text]
-    pieces, start = [], None
-    for position, char in enumerate(text.text + " "):
-        if char in " \t\n":
-            if start is not None:
-                piece = Text(text.text[start:position], text.offsets[start:position], text.missing)
-                pieces.append(piece)
-                start = None
-        elif start is None:
-            start = position
-    return pieces
-
-
-def _join(items: list[Text]) -> Text:
-    joined = _EMPTY
-    for position, item in enumerate(items):
-        joined = joined + (Text.of(" ") if position else Text("", ())) + item
-    return joined
-
-
-def elements(value: Value) -> tuple[Text, ...]:
-    if isinstance(value, tuple):
-        return value
-    if isinstance(value, Text):
-        return (value,) if value.text else ()
-    return ()

@@ -1,85 +1,80 @@
-"""A Megatron-LM launch script (or command line, or model file) read the way bash and Megatron
-would read it: which command runs ``pretrain_gpt.py``, the arguments it gets, and what the job's
-environment must supply.
+"""A Megatron launch script (or command line, or model file) read the way bash would run it: the
+command that runs the training entry point, the words it gets, and what the job's environment
+must supply.
 
-The launch command is the one that runs ``pretrain_gpt.py`` (``python``, ``torchrun``, ``srun``,
-``python -m torch.distributed.run``, through ``nsys`` and the like), not a ``chmod`` of it, not
-a command in a here-document.  A script whose command is kept in a variable for ``bash -c`` (a
-Slurm wrapper's ``TRAINING_CMD``) is read through that variable.  A *model file* without any
-command (slime's ``MODEL_ARGS=(...)``, Megatron-LM's modelopt ``conf/*.sh``) gives its arguments
-from the variables that hold ``--num-layers``.  The script is read, never run
-(``ray_layout.shell.script``).
+The launch is the external command that runs a Python file followed by Megatron's model flags
+(``--num-layers``, ``--hidden-size``...): ``torchrun``, ``python -m torch.distributed.run``,
+``python``, ``srun``, ``mpirun``, ``deepspeed``, ``ray job submit ... -- python3 train.py``,
+through ``bash -c "$CMD"`` or an ``eval`` of known words; the entry point is any such file
+(``pretrain_gpt.py``, Pai's ``pretrain_deepseek.py``, slime's ``train.py``).  A ``chmod`` of
+it runs no training.  Two different launches that may both run are an error naming both lines.
+A *model file* runs no command at all (slime's ``MODEL_ARGS=(...)``, modelopt's ``conf/*.sh``):
+its arguments are the variables that hold ``--num-layers``.  A file that runs commands but no
+launch is refused, naming what it runs.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
-from ray_layout.shell.expand import split
+from ray_layout.errors import clipped
+from ray_layout.shell.interpreter import Command, FileReader, ScriptRun, run_script
 from ray_layout.shell.refusal import ShellError
-from ray_layout.shell.script import (
-    Command,
-    ExpandedWord,
-    ScriptReading,
-    Text,
-    Unresolved,
-    read_script,
-    words_of,
-)
+from ray_layout.shell.values import ExpandedWord, Text, Unresolved, split
 
-SCRIPT = "pretrain_gpt.py"
-# Programs that run the script (or wrap the program that does).
-_RUNNERS = frozenset(
+# Flags that only a training run's command line holds: one of them after a .py file makes the
+# command the launch; a model file's arguments are the variables that hold --num-layers.
+MODEL_FLAGS = frozenset(
     {
-        "python",
-        "python3",
-        "torchrun",
-        "srun",
-        "mpirun",
-        "mpiexec",
-        "nsys",
-        "ncu",
-        "numactl",
-        "taskset",
-        "env",
-        "nohup",
-        "time",
-        "exec",
-        "uv",
-        "deepspeed",
-        "accelerate",
-        "stdbuf",
-        "chrt",
-        "nice",
+        "--num-layers",
+        "--hidden-size",
+        "--num-attention-heads",
+        "--ffn-hidden-size",
+        "--seq-length",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--train-iters",
+        "--hybrid-layer-pattern",
     }
 )
 
 
 @dataclass(frozen=True)
 class LaunchReading:
-    """What a script hands to Megatron: the launcher's words (torchrun and its flags), the
-    script's arguments, the environment of every rank, and how it was found."""
+    """What a script hands to Megatron: the launcher's words (torchrun and its flags), the entry
+    point, the script's arguments, the environment of every rank, and how it was found."""
 
     launcher: tuple[ExpandedWord, ...]
+    entry: ExpandedWord | None
     arguments: tuple[ExpandedWord, ...]
     environment: tuple[tuple[str, str], ...]  # exports and the launch line's NAME=value
     unresolved_environment: tuple[str, ...]  # exported without a value the reader knows
     prefixed: tuple[str, ...]  # names the launch line itself sets (NAME=value torchrun ...)
     notes: tuple[str, ...]
     is_model_file: bool
-    reparsed: bool = False  # the command is a variable's text that bash parses again (bash -c)
+    reparsed: bool = False  # the command is text that bash parses again (eval, bash -c)
+    taken_as_empty: tuple[str, ...] = ()  # variables never set that expanded to nothing
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        entry = (self.entry,) if self.entry is not None else ()
+        return tuple(w.text for w in (*self.launcher, *entry, *self.arguments))
 
 
 def read_launch(
-    text: str, source: str, environment: Mapping[str, str] | None = None
+    text: str,
+    source: str,
+    environment: Mapping[str, str] | None = None,
+    arguments: Sequence[str] | None = None,
+    read_file: FileReader | None = None,
 ) -> LaunchReading:
     """Find the launch command (or the model file's arguments) in ``text``."""
-    reading = read_script(text, source, environment)
-    notes = list(reading.notes)
-    launch = _find(reading, source, notes)
+    run = run_script(text, source, environment, arguments, read_file)
+    notes = list(run.notes)
+    launch = _find(run, source, notes)
     newlines = [i for i, char in enumerate(text) if char == "\n"]
 
     def placed(word: ExpandedWord) -> ExpandedWord:
@@ -87,39 +82,55 @@ def read_launch(
         first = word.offsets[0] if word.offsets else -1
         return replace(word, line=bisect.bisect_left(newlines, first) + 1) if first >= 0 else word
 
+    if run.taken_as_empty:
+        names = ", ".join(f"${n}" for n in run.taken_as_empty)
+        notes.append(f"{source}: taken as empty, as bash does (never set): {names}")
     return replace(
         launch,
         launcher=tuple(map(placed, launch.launcher)),
+        entry=placed(launch.entry) if launch.entry is not None else None,
         arguments=tuple(map(placed, launch.arguments)),
+        notes=tuple(dict.fromkeys(notes)),
+        taken_as_empty=run.taken_as_empty,
     )
 
 
-def _find(reading: ScriptReading, source: str, notes: list[str]) -> LaunchReading:
-    command = _launch_command(reading, source, notes)
-    reparsed = any("held in $" in note for note in notes)
+def _find(run: ScriptRun, source: str, notes: list[str]) -> LaunchReading:
+    command = _launch_command(run, source, notes)
     if command is None:
-        arguments = _model_file_arguments(reading, source, notes)
-        return _reading(reading, (), arguments, (), notes, is_model_file=True)
-    position = _script_position(command)
-    if position is None:  # a bare argument list: every word is an argument
-        return _reading(reading, (), command.words, command.environment, notes, False)
-    launcher, arguments = command.words[:position], command.words[position + 1 :]
-    found = _reading(reading, launcher, arguments, command.environment, notes, False)
-    return replace(found, reparsed=reparsed)
+        bare = [c for c in run.commands if c.words and c.words[0].text.startswith("--")]
+        if bare:  # a command line given as text: its words are the arguments
+            words = tuple(w for c in bare for w in c.words)
+            return _reading(run, (), None, words, (), notes, is_model_file=False)
+        arguments = _model_file_arguments(run, source, notes)
+        return _reading(run, (), None, arguments, (), notes, is_model_file=True)
+    position = _entry_position(command)
+    assert position is not None
+    found = _reading(
+        run,
+        command.words[:position],
+        command.words[position],
+        command.words[position + 1 :],
+        command.environment,
+        notes,
+        is_model_file=False,
+    )
+    return replace(found, reparsed=command.reparsed)
 
 
 def _reading(
-    reading: ScriptReading,
+    run: ScriptRun,
     launcher: tuple[ExpandedWord, ...],
+    entry: ExpandedWord | None,
     arguments: tuple[ExpandedWord, ...],
     prefixes: tuple[tuple[str, ExpandedWord], ...],
     notes: list[str],
     is_model_file: bool,
 ) -> LaunchReading:
     exported: dict[str, str | None] = {}
-    for name in reading.exported:
-        value = reading.variables.get(name)
-        plain = isinstance(value, Text) and not value.missing
+    for name in run.exported:
+        value = run.variables.get(name)
+        plain = isinstance(value, Text) and not value.missing and not value.unresolved
         exported[name] = value.text if plain else None  # type: ignore[union-attr]
     for name, word in prefixes:
         exported[name] = (
@@ -130,6 +141,7 @@ def _reading(
     prefixed = tuple(name for name, _ in prefixes)
     return LaunchReading(
         launcher,
+        entry,
         arguments,
         environment,
         unresolved,
@@ -139,77 +151,99 @@ def _reading(
     )
 
 
-def _runs_script(command: Command) -> bool:
-    position = _script_position(command)
-    if position is None or position == 0:
-        return position == 0 and len(command.words) > 0 and _is_script(command.words[0].text)
-    return PurePosixPath(command.words[0].text).name.startswith(tuple(_RUNNERS))
-
-
-def _is_script(word: str) -> bool:
-    return PurePosixPath(word).name == SCRIPT
-
-
-def _script_position(command: Command) -> int | None:
-    """Where ``pretrain_gpt.py`` is among the command's words (else None)."""
-    return next((i for i, w in enumerate(command.words) if _is_script(w.text)), None)
-
-
-def _launch_command(reading: ScriptReading, source: str, notes: list[str]) -> Command | None:
-    """The command that runs ``pretrain_gpt.py``: one the script always runs, else one run under a
-    condition (said in a note; two different ones are an error), else one kept in a variable
-    for ``bash -c``; or a bare argument list (a command line given as text)."""
-    runs = [c for c in reading.commands if _runs_script(c)]
-    always = [c for c in runs if c.condition is None]
-    if always:
-        return always[0]
-    if runs:
-        if len({tuple(w.text for w in c.words) for c in runs}) > 1:
-            lines = ", ".join(str(c.line) for c in runs)
-            raise ShellError(
-                f"{source}: {SCRIPT} runs under conditions this reader cannot decide (lines "
-                f"{lines}; {runs[0].condition}): give the variables they test with --env"
-            )
-        notes.append(f"{source}:{runs[0].line}: the launch command runs under {runs[0].condition}")
-        return runs[0]
-    for name, value in reading.variables.items():
-        if isinstance(value, Text) and SCRIPT in value.text:
-            line = next((c.line for c in reading.commands), 1)
-            held = [c for c in words_of(value, line, source) if _runs_script(c)]
-            if held:
-                notes.append(f"{source}: the launch command is the one held in ${name}")
-                return held[0]
-    bare = [c for c in reading.commands if c.words and c.words[0].text.startswith("--")]
-    if bare:
-        return Command(tuple(w for c in bare for w in c.words), (), bare[0].line, None)
+def _entry_position(command: Command) -> int | None:
+    """Where the Python entry point is among the command's words, when Megatron's model flags
+    (or words the reader does not know, which may hold them) follow it."""
+    for index, word in enumerate(command.words):
+        if PurePosixPath(word.text).suffix == ".py" and not word.unresolved:
+            after = command.words[index + 1 :]
+            if any(w.text.partition("=")[0] in MODEL_FLAGS or w.unresolved for w in after):
+                return index
+            return None
     return None
 
 
+def _launch_command(run: ScriptRun, source: str, notes: list[str]) -> Command | None:
+    """The command that runs the training entry point; two different ones that may both run,
+    or one that another value of an unset variable would change, are errors naming both lines."""
+    launches = [c for c in run.commands if _entry_position(c) is not None]
+    untaken = [c for c in run.untaken if _entry_position(c) is not None]
+    distinct: dict[tuple[str, ...], Command] = {}
+    for command in launches:
+        distinct.setdefault(command.argv, command)
+    if len(distinct) > 1:
+        first, second = list(distinct.values())[:2]
+        why = next((c.condition for c in (first, second) if c.condition), None)
+        decided = f" ({why}: give what decides it with --env)" if why else ""
+        raise ShellError(
+            f"{source}: two different launch commands may both run, at line {first.line} and "
+            f"line {second.line}{decided}"
+        )
+    other = next((c for c in untaken if c.argv not in distinct), None)
+    if other is not None:
+        taken = next(iter(distinct.values()), None)
+        which = f"the one at line {taken.line} runs" if taken else "none runs"
+        raise ShellError(
+            f"{source}:{other.line}: this launch runs only with {other.condition}; {which} "
+            "as the script stands: give the variable with --env"
+        )
+    if not distinct:
+        return None
+    command = next(iter(distinct.values()))
+    if command.condition is not None:
+        notes.append(f"{source}:{command.line}: the launch command runs under {command.condition}")
+    if command.reparsed:
+        notes.append(
+            f"{source}:{command.line}: the launch command is text run again (eval, bash -c)"
+        )
+    return command
+
+
 def _model_file_arguments(
-    reading: ScriptReading, source: str, notes: list[str]
+    run: ScriptRun, source: str, notes: list[str]
 ) -> tuple[ExpandedWord, ...]:
-    """A model file's arguments: every variable whose words hold ``--num-layers``."""
+    """A model file's arguments: every variable whose words hold ``--num-layers`` (or the
+    hybrid pattern that stands for it)."""
+    if run.stopped:
+        raise ShellError(f"{source}: the script stops before any launch: {run.stopped}")
+    scripts = [c for c in run.commands if _runs_another_script(c)]
+    if scripts:
+        shown = " ".join(w.text for w in scripts[0].words)
+        raise ShellError(
+            f"{source}:{scripts[0].line}: no launch here; it runs another script "
+            f"({clipped(shown, 60)}): give that script, with the environment this line sets"
+        )
+    ran_commands = [c for c in run.commands if not c.captured]
+    if ran_commands:
+        ran = ", ".join(f"{clipped(c.words[0].text, 24)} (line {c.line})" for c in ran_commands[:3])
+        raise ShellError(
+            f"{source}: no command runs a Python entry point with Megatron's flags (it runs {ran})"
+        )
     arguments: list[ExpandedWord] = []
     names = []
-    for name, value in reading.variables.items():
+    for name, value in run.variables.items():
         if isinstance(value, Unresolved) and "--num-layers" in value.reason:
             raise ShellError(f"{source}: {value.reason}")
         words = _words_of_value(value)
-        if any(w.text == "--num-layers" for w in words):
-            line = reading.lines.get(name, 1)
+        if any(w.text in ("--num-layers", "--hybrid-layer-pattern") for w in words):
+            line = run.lines.get(name, 1)
             arguments += [replace(w, line=line) for w in words]
             names.append(name)
     if not names:
-        unresolved = [v.reason for v in reading.variables.values() if isinstance(v, Unresolved)]
-        hint = f" ({unresolved[0]})" if unresolved else ""
+        unknown = [v.reason for v in run.variables.values() if isinstance(v, Unresolved)]
+        hint = f" ({unknown[0]}, may hold it)" if unknown else ""
         raise ShellError(
-            f"{source}: no command runs {SCRIPT} and no variable holds --num-layers{hint}"
+            f"{source}: no command runs a Python entry point and no variable holds "
+            f"--num-layers{hint}"
         )
     held = ", ".join(f"${n}" for n in names)
-    notes.append(
-        f"{source}: read as a model file: its arguments are {held} (no command runs {SCRIPT})"
-    )
+    notes.append(f"{source}: read as a model file: its arguments are {held} (it runs no command)")
     return tuple(arguments)
+
+
+def _runs_another_script(command: Command) -> bool:
+    """``bash ./other.sh``, ``sbatch job.sh``, ``./other.sh``: the launch may be in there."""
+    return any(w.text.endswith(".sh") for w in command.words)
 
 
 def _words_of_value(value: object) -> list[ExpandedWord]:

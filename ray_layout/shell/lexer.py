@@ -2,7 +2,7 @@
 continuations, operators, heredocs, array literals and the expansions inside words.
 
 Nothing is expanded here: the tokens (``ray_layout.shell.tokens``) keep each part as
-written.  ``ray_layout.shell.script`` runs them.
+written.  ``ray_layout.shell.parse`` builds the commands from them.
 """
 
 from __future__ import annotations
@@ -32,6 +32,11 @@ _OPERATORS = (
 )
 _METACHARACTERS = frozenset(" \t\n;&|()<>")
 _SPECIAL_PARAMETERS = frozenset("@*#?$!-0123456789")
+# After ``${NAME``: each before any that is its prefix; ``#``/``%`` take a second (``##``).
+_BRACE_OPERATORS = (
+    *(":-", ":=", ":+", ":?", "-", "=", "+", "?"),
+    *("#", "%", "/", "^^", "^", ",,", ",", ":"),
+)
 
 
 class _Lexer:
@@ -68,10 +73,10 @@ class _Lexer:
                 while self.peek() not in ("", "\n"):
                     self.advance()
             elif char == "\n":
-                line = self.line
+                line, start = self.line, self.pos
                 self.advance()
                 self.read_heredoc_bodies()  # their tokens come before the line's end
-                self.tokens.append(Operator("\n", line))
+                self.tokens.append(Operator("\n", line, start))
             elif self.at_process_substitution():
                 self.tokens.append(self.word_or_array())
             elif (operator := self.operator()) is not None:
@@ -80,7 +85,7 @@ class _Lexer:
                     self.end_heredocs()
                     return self.tokens
                 parentheses += (operator == "(") - (operator == ")")
-                self.tokens.append(Operator(operator, self.line))
+                self.tokens.append(Operator(operator, self.line, self.pos))
                 self.advance(len(operator))
                 if operator in ("<<", "<<-"):
                     self.heredoc_delimiter(strip_tabs=operator == "<<-")
@@ -136,7 +141,7 @@ class _Lexer:
                 if (line.lstrip("\t") if strip_tabs else line) == delimiter:
                     break
                 body.append(line)
-            self.tokens.append(Heredoc(delimiter, "\n".join(body), start_line))
+            self.tokens.append(Heredoc(delimiter, "\n".join(body), start_line, quoted))
 
     def heredoc_line(self, delimiter: str, start_line: int, *, joined: bool) -> str:
         """The next line of a here-document's body (with its continuations where ``joined``)."""
@@ -389,7 +394,10 @@ class _Lexer:
         indirect = self.peek() == "!"
         self.advance(length or indirect)
         name_start = self.pos
-        if self.peek() in _SPECIAL_PARAMETERS:
+        if self.peek().isdigit():
+            while self.peek().isdigit():
+                self.advance()
+        elif self.peek() in _SPECIAL_PARAMETERS:
             self.advance()
         else:
             while self.peek().isascii() and (self.peek().isalnum() or self.peek() == "_"):
@@ -402,18 +410,20 @@ class _Lexer:
                 raise self.error("a '${NAME[' is never closed", line)
             index = self.text[self.pos + 1 : close]
             self.advance(close - self.pos + 1)
-        operator = next(
-            (
-                op
-                for op in (":-", ":=", ":+", ":?", "-", "=", "+", "?")
-                if self.text.startswith(op, self.pos)
-            ),
-            None,
-        )
+        operator = next((op for op in _BRACE_OPERATORS if self.text.startswith(op, self.pos)), None)
         argument: list[Part] = []
+        replacement: list[Part] | None = None
         if operator is not None:
             self.advance(len(operator))
-            argument = self.parts(stop="}", quoted=quoted, depth=depth + 1)
+            if operator in ("#", "%") and self.peek() == operator:  # ## and %%: longest match
+                operator += self.advance()
+            if operator == "/" and self.peek() in "/#%" and self.peek():
+                operator += self.advance()
+            stop = "/}" if operator.startswith("/") else "}"
+            argument = self.parts(stop=stop, quoted=quoted, depth=depth + 1)
+            if operator.startswith("/") and self.peek() == "/":
+                self.advance()
+                replacement = self.parts(stop="}", quoted=quoted, depth=depth + 1)
         elif self.peek() != "}":
             operator = "unsupported"
             self.skip_to_brace(line)
@@ -421,11 +431,19 @@ class _Lexer:
             raise self.error("a '${' is never closed", line)
         self.advance()
         if length:
-            operator = "#"
-        if indirect or not name:
+            operator = "length" if operator is None else "unsupported"
+        if indirect:
+            operator = "!" if operator is None and index is None else "unsupported"
+        if not name:
             operator = "unsupported"
         return Reference(
-            name, index, operator, tuple(argument), quoted, self.text[start : self.pos]
+            name,
+            index,
+            operator,
+            tuple(argument),
+            quoted,
+            self.text[start : self.pos],
+            None if replacement is None else tuple(replacement),
         )
 
     def skip_to_brace(self, line: int) -> None:

@@ -23,7 +23,9 @@ class Reference:
     """``$NAME``, ``${NAME}``, ``${NAME[@]}``, ``${NAME:-word}``, ``${#NAME}``, ...
 
     ``operator`` is the expansion's operator (``:-``, ``-``, ``:=``, ``:+``, ...; ``#`` for a
-    length, ``unsupported`` for a form this reader does not evaluate), ``argument`` its word.
+    length; ``#p``, ``##``, ``%p``, ``%%``, ``/``, ``//``, ``/#``, ``/%`` for patterns; ``:`` for a
+    slice; ``^``, ``^^``, ``,``, ``,,`` for case; ``!`` for indirection; ``unsupported`` for a
+    form this reader does not evaluate), ``argument`` its word.
     """
 
     name: str
@@ -32,6 +34,7 @@ class Reference:
     argument: tuple[Part, ...]
     quoted: bool
     source: str  # the reference as written, for messages
+    replacement: tuple[Part, ...] | None = None  # ``${NAME/pattern/replacement}``'s second word
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class ArrayLiteral:
 class Operator:
     text: str  # one of _OPERATORS, or "\n" for the end of a line
     line: int
+    start: int = -1  # its offset in the text (``((`` is two adjacent ``(``)
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class Heredoc:
     delimiter: str
     body: str
     line: int
+    quoted: bool = False  # a quoted delimiter: the body is not expanded
 
 
 Token = Word | ArrayLiteral | Operator | Heredoc

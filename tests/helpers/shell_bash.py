@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from ray_layout.shell.script import Text, read_script
+from ray_layout.shell.interpreter import run_script
+from ray_layout.shell.values import Text
 
 BASH = shutil.which("bash")
 needs_bash = pytest.mark.skipif(BASH is None, reason="no bash on this machine to judge by")
@@ -22,13 +23,13 @@ needs_bash = pytest.mark.skipif(BASH is None, reason="no bash on this machine to
 
 def words(script: str, **environment: str) -> list[str]:
     """The words of the script's last command, as the reader expands them."""
-    reading = read_script(script, "t.sh", environment)
+    reading = run_script(script, "t.sh", environment)
     return [w.text for w in reading.commands[-1].words]
 
 
 def variable(script: str, name: str, **environment: str) -> object:
     """What the script leaves in ``name``: its text, an array's texts, or the reader's value."""
-    value = read_script(script, "t.sh", environment).variables.get(name)
+    value = run_script(script, "t.sh", environment).variables.get(name)
     if isinstance(value, Text):
         return value.text
     if isinstance(value, tuple):

@@ -124,10 +124,10 @@ def test_a_name_holding_an_expression_is_evaluated_and_a_loop_is_refused():
     ("expression", "message"),
     [
         ("2 ** -1", "exponent out of range"),
-        ("x = 3", "is not arithmetic this reader evaluates"),  # assignments change variables
-        ("A += 1", "is not arithmetic this reader evaluates"),
-        ("A++", "'A++' is not arithmetic this reader evaluates"),
-        ("--A", "is not arithmetic this reader evaluates"),
+        ("x = 3", "assigns x, which only a running shell does here"),  # no assign given
+        ("A += 1", "assigns A"),
+        ("A++", "'A++' assigns A"),
+        ("--A", "assigns A"),
         ("A[1]", "is not arithmetic this reader evaluates"),
         ("1.5 + 1", "is not arithmetic this reader evaluates"),
         ("1 +", "is not arithmetic this reader evaluates"),
@@ -235,3 +235,29 @@ def test_printf_without_specifiers_prints_once_and_missing_arguments_are_empty()
     assert printf("abc", ["x", "y"]) == "abc"
     assert printf("<%s|%d>", []) == "<|0>"
     assert printf(r"a\tb\n", []) == "a\tb\n"
+
+
+@needs_bash
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "A += 8",
+        "A++ + A",
+        "++A * 2",
+        "A--, A",
+        "B = A = 3",
+        "A <<= 2",
+        "A ^= 5, A |= 8",
+        "C = A ? 1 : 2",
+    ],
+)
+def test_assignments_go_to_the_caller_and_give_what_bash_gives(expression):
+    variables = {"A": "5"}
+
+    def assign(name: str, value: int) -> None:
+        variables[name] = str(value)
+
+    value = evaluate_arithmetic(expression, variables.get, assign)
+    done = bash_arithmetic(f"({expression}), A", {"A": "5"})
+    assert value == bash_arithmetic(expression, {"A": "5"})
+    assert int(variables["A"]) == done

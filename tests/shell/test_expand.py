@@ -10,18 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ray_layout.shell.expand import (
-    Text,
-    Unresolved,
-    expand,
-    expand_whole,
-    not_set,
-    same,
-    split,
-)
+from ray_layout.shell.expand import expand, expand_whole
+from ray_layout.shell.interpreter import run_script
 from ray_layout.shell.lexer import tokenize
-from ray_layout.shell.script import read_script
 from ray_layout.shell.tokens import Word
+from ray_layout.shell.values import Text, Unresolved, not_set, same, split
 from tests.helpers.shell_bash import bash_words, needs_bash, variable, words
 
 
@@ -32,8 +25,8 @@ def word(text: str) -> Word:
 
 
 def test_arrays_append_and_expand_per_element():
-    script = 'A=(--x 1 "two words")\nA+=(--y)\nB="p q"\necho "${A[@]}" $B "$B"'
-    assert words(script) == ["echo", "--x", "1", "two words", "--y", "p", "q", "p q"]
+    script = 'A=(--x 1 "two words")\nA+=(--y)\nB="p q"\ncmd "${A[@]}" $B "$B"'
+    assert words(script) == ["cmd", "--x", "1", "two words", "--y", "p", "q", "p q"]
     assert variable("A=(1 2)\nN=${#A[@]}", "N") == "2"
     assert variable("A=(1 2)\nF=${A[1]}", "F") == "2"
 
@@ -46,7 +39,7 @@ def test_defaults_use_the_environment_and_unset_expands_to_nothing():
     assert variable("E=\nY=${E-d}", "Y") == ""
     assert variable("X=${X:=7}", "X") == "7"
     assert variable("S=1\nX=${S:+on}", "X") == "on"
-    reading = read_script("torchrun --nnodes $NNODES pretrain_gpt.py", "t.sh")
+    reading = run_script("torchrun --nnodes $NNODES pretrain_gpt.py", "t.sh")
     value = reading.commands[0].words[2]
     assert value.text == "$NNODES" and "give --env NNODES=VALUE" in value.unresolved
 
@@ -62,7 +55,7 @@ def test_a_quoted_reference_is_one_word_and_single_quotes_stay_literal(value, re
 
 def test_offsets_point_at_the_characters_a_value_came_from():
     script = 'L="Et*3|t*3L"\npython pretrain_gpt.py --pipeline-model-parallel-layout $L'
-    word = read_script(script, "t.sh").commands[0].words[-1]
+    word = run_script(script, "t.sh").commands[0].words[-1]
     assert script[word.offsets[0] : word.offsets[-1] + 1] == "Et*3|t*3L"
 
 
@@ -104,7 +97,7 @@ expansion_words = st.lists(_EXPANSIONS, min_size=1, max_size=3).map("".join)
 def test_expansions_split_and_join_as_bash_does(value, elements, items):
     setup = f"V={shlex.quote(value)}\nW=\nA=({' '.join(map(shlex.quote, elements))})"
     command = " ".join(items)
-    reading = read_script(f"{setup}\ncmd {command}", "t.sh")
+    reading = run_script(f"{setup}\ncmd {command}", "t.sh")
     expanded = reading.commands[-1].words
     reasons = [w.unresolved for w in expanded if w.unresolved]
     if reasons:  # a word of nothing but an unset element: the job's environment may set it
@@ -119,13 +112,14 @@ def test_a_word_with_a_value_only_a_shell_has_stays_as_written_with_the_reason()
     assert got.unresolved == "$(hostname) (a command substitution, which needs a real shell)"
     assert got.offsets == (0,) + (-1,) * (len(got.text) - 1)  # never rewritten, line kept
     assert expand(word("$$"), {})[0].unresolved == "$$ (a value only a running shell has)"
-    unsupported = expand(word("${V/a/b}"), {"V": Text.of("a")})[0].unresolved
-    assert unsupported == "${V/a/b} (an expansion this reader does not evaluate)"
+    unsupported = expand(word("${!V[@]}"), {"V": Text.of("a")})[0].unresolved
+    assert unsupported == "${!V[@]} (an expansion this reader does not evaluate)"
 
 
 def test_arithmetic_names_what_it_lacks():
-    reason = expand(word("$((N*2))"), {})[0].unresolved
-    assert reason == "$((N*2)) uses $N, which the script does not set (give --env N=VALUE)"
+    (unset,) = expand(word("$((N*2))"), {})  # bash's 0 for an unset name, remembered
+    assert (unset.text, unset.missing, unset.unresolved) == ("0", ("N",), None)
+    assert unset.unknown == "$N, which the script does not set (give --env N=VALUE)"
     assert expand(word("$((N*2))"), {"N": Text.of("4")})[0].text == "8"
     assert "divides by zero" in expand(word("$((1/0))"), {})[0].unresolved
     held = expand(word("$((X+1))"), {"X": Unresolved("X is set in a loop")})[0].unresolved
@@ -147,8 +141,9 @@ def test_a_missing_variable_expands_to_nothing_and_is_remembered():
         ("${NN}x", [("x", ("NN",))]),
         ("$NN${V}", [("a", ("NN",)), ("b", ())]),  # named on the word it was in
         ("$V$NN", [("a", ()), ("b", ("NN",))]),
-        ("${U:-$NN}/x", [("/x", ("NN",))]),  # a default's own unset variable too
-        ('"${U:-$NN}"/x', [("/x", ("NN",))]),
+        ("${U:-$NN}/x", [("/x", ("NN", "U"))]),  # an empty default: U's emptiness too
+        ('"${U:-$NN}"/x', [("/x", ("NN", "U"))]),
+        ("${U:-}", []),
         ("${U:-d}", [("d", ())]),  # a default stands for the unset variable
     ],
 )
@@ -160,7 +155,7 @@ def test_an_unset_variable_inside_a_word_is_remembered(text, expected):
 
 
 def test_the_reason_says_how_to_give_the_value():
-    assert not_set("1") == "$1, the script's own argument (give --env 1=VALUE)"
+    assert not_set("1") == "$1, the script's own arguments (give them after --)"
     assert not_set("@").startswith("$@, the script's own argument")
     assert not_set("MASTER") == "$MASTER, which the script does not set (give --env MASTER=VALUE)"
 

@@ -9,6 +9,7 @@ import pytest
 from ray_layout.errors import ConfigError
 from ray_layout.model.files import read_text
 from ray_layout.shell.launch import read_launch
+from ray_layout.shell.refusal import ShellError
 
 ARGS = "--num-layers 4 --hidden-size 64"
 
@@ -33,7 +34,7 @@ def test_the_launch_command_splits_into_launcher_and_arguments(line):
     )
     launch = read_launch(script, "t.sh")
     assert texts(launch.arguments) == ARGS.split()
-    assert launch.launcher[0].text == line.split()[0]
+    assert launch.launcher[0].text == line.split()[line.startswith("exec")]  # exec runs it
     assert not launch.is_model_file and not launch.reparsed
     assert {w.line for w in launch.arguments} == {5}
 
@@ -53,7 +54,7 @@ def test_a_command_held_for_bash_c_is_read_through_its_variable():
     script = f'CMD="torchrun pretrain_gpt.py {ARGS}"\nsrun bash -c "$CMD"\n'
     launch = read_launch(script, "t.sh")
     assert texts(launch.arguments) == ARGS.split() and launch.reparsed
-    assert "t.sh: the launch command is the one held in $CMD" in launch.notes
+    assert "t.sh:2: the launch command is text run again (eval, bash -c)" in launch.notes
     first = launch.arguments[0]
     assert script[first.offsets[0] : first.offsets[-1] + 1] == "--num-layers"  # for the rewrite
 
@@ -63,26 +64,33 @@ def test_a_model_file_gives_the_variables_that_hold_num_layers():
     launch = read_launch(script, "model.sh")
     assert launch.is_model_file and texts(launch.arguments) == ARGS.split()
     assert launch.notes == (
-        "model.sh: read as a model file: its arguments are $MODEL_ARGS "
-        "(no command runs pretrain_gpt.py)",
+        "model.sh: read as a model file: its arguments are $MODEL_ARGS (it runs no command)",
     )
-    with pytest.raises(
-        ConfigError, match=r"no command runs pretrain_gpt\.py and no variable holds"
-    ):
-        read_launch("echo hi\n", "t.sh")
-    with pytest.raises(ConfigError, match=r"\(H is set in line 1: a for block"):
-        read_launch("for i in 1; do H=$i; done\n", "t.sh")
+    with pytest.raises(ShellError, match=r"no command runs a Python entry point and no variable"):
+        read_launch("echo hi\n", "t.sh")  # echo is a builtin: no command runs
+    with pytest.raises(ShellError, match=r"\(H is set in a for loop at line 1 over \$\(ls\)"):
+        read_launch("for i in $(ls); do H=(--num-layers $i); done\n", "t.sh")
+    with pytest.raises(ShellError, match=r"^t\.sh: no command runs a Python entry point with "):
+        read_launch("mkdir -p x\nMODEL_ARGS=(--num-layers 4)\n", "t.sh")  # runs: no model file
 
 
 def test_a_conditional_launch_is_taken_with_a_note_and_two_different_ones_are_an_error():
-    one = f'if [ -n "$DEBUG" ]; then python pretrain_gpt.py {ARGS}; fi\n'
-    launch = read_launch(one, "t.sh")
+    one = f'if [ -f "$CKPT" ]; then python pretrain_gpt.py {ARGS}; fi\n'
+    launch = read_launch(one, "t.sh", {"CKPT": "/c"})
     assert texts(launch.arguments) == ARGS.split()
     assert launch.notes[0].startswith("t.sh:1: the launch command runs under line 1: a test on")
-    two = f'if [ "$M" = a ]; then python pretrain_gpt.py {ARGS}; else python pretrain_gpt.py; fi'
-    with pytest.raises(ConfigError, match=r"runs under conditions this reader cannot decide \("):
+    only_if_set = f'if [ -n "$DEBUG" ]; then python pretrain_gpt.py {ARGS}; fi\n'
+    with pytest.raises(ShellError, match=r"^t\.sh:1: this launch runs only with \$DEBUG set"):
+        read_launch(only_if_set, "t.sh")  # bash takes $DEBUG as empty: the launch never runs
+    two = f'if [ "$M" = a ]; then python pretrain_gpt.py {ARGS}; else python pretrain_gpt.py {ARGS} --x; fi'
+    with pytest.raises(ShellError, match=r"this launch runs only with \$M set .*line 1 runs as"):
         read_launch(two, "t.sh")
     assert texts(read_launch(two, "t.sh", {"M": "a"}).arguments) == ARGS.split()
+    both = f"python pretrain_gpt.py {ARGS}\npython pretrain_gpt.py {ARGS} --y\n"
+    with pytest.raises(
+        ShellError, match=r"two different launch commands may both run, at line 1 and line 2$"
+    ):
+        read_launch(both, "t.sh")
 
 
 def test_the_environment_is_the_exports_and_the_launch_lines_prefixes():
@@ -101,10 +109,19 @@ def test_the_environment_is_the_exports_and_the_launch_lines_prefixes():
     assert read_launch(script, "t.sh", {"P": "29500"}).environment[-1] == ("PORT", "29500")
 
 
-def test_a_sourced_file_is_noted_not_read():
-    launch = read_launch(f". ./env.sh\npython pretrain_gpt.py {ARGS}", "t.sh")
-    assert launch.notes == (
-        "t.sh:1: not read: . ./env.sh (what it sets comes from the job's environment)",
+def test_a_sourced_file_is_read_and_one_not_read_leaves_what_follows_unknown():
+    files = {"/s/env.sh": "L=6\n"}
+    read = read_launch(
+        ". ./env.sh\npython pretrain_gpt.py --num-layers $L", "/s/t.sh", read_file=files.get
+    )
+    assert texts(read.arguments) == ["--num-layers", "6"]
+    launch = read_launch(
+        ". ./gone.sh\npython pretrain_gpt.py --num-layers $L", "/s/t.sh", read_file=files.get
+    )
+    assert launch.notes[0] == "/s/t.sh:1: not read: ./gone.sh"
+    assert (
+        "source ./gone.sh (line 1), a file this reader did not read"
+        in launch.arguments[1].unresolved
     )
 
 

@@ -1,0 +1,80 @@
+"""Decisions the reader cannot make, or makes only by taking an unset variable as empty.
+
+An outcome it does not know (a command's status, a file test) is followed both ways, each on its
+own copy of the state; what they leave different is unresolved, and their commands run under that
+condition.  A branch chosen by an unset variable is the one bash takes, but the others are read
+too, so that what they would change carries the variable's name and a launch only they run is
+refused naming it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ray_layout.shell.flow import Break, Exit, Return, Status, Uncertain, Unknown
+from ray_layout.shell.state import State, merge
+
+if TYPE_CHECKING:
+    from ray_layout.shell.interpreter import Interpreter
+
+
+def decided(
+    interp: Interpreter,
+    body: Callable[[State], Status],
+    decided: tuple[str, ...],
+    state: State,
+    alternatives: Sequence[Callable[[State], object]] = (),
+) -> Status:
+    """A branch chosen by unset variables taken as empty, as bash chooses it.  The branches
+    another value would take are read too, on copies: whatever they would leave different
+    carries the unset names (so that a value Megatron needs names them), and the commands
+    they would run are kept apart (a launch only they run is refused, naming them)."""
+    if not decided:
+        return body(state)
+    names = tuple(dict.fromkeys(state.decided_by + decided))
+    before = state.copy()
+    outer = state.decided_by
+    state.decided_by = names
+    try:
+        status = body(state)
+    finally:
+        state.decided_by = outer
+    shown = ", ".join(f"${n}" for n in names)
+    for alternative in alternatives:
+        copy = before.copy()
+        copy.decided_by = names
+        copy.condition = f"{shown} set (the script does not set {shown})"
+        mark = len(interp.commands)
+        with contextlib.suppress(Exit, Return, Break, Uncertain):
+            alternative(copy)
+        interp.untaken += interp.commands[mark:]
+        del interp.commands[mark:]
+        state.taint_differences(copy, names)
+    return status
+
+
+def branches(
+    interp: Interpreter, bodies: list[Callable[[State], Status]], reason: str, state: State
+) -> Status:
+    """Follow every outcome of a decision the reader cannot make, each on its own copy;
+    what they leave different is unresolved, their commands run under ``reason``."""
+    finished: list[tuple[State, Status]] = []
+    left: list[BaseException] = []
+    for body in bodies:
+        copy = state.copy()
+        copy.condition = state.condition or reason
+        try:
+            finished.append((copy, body(copy)))
+        except (Exit, Return, Break) as leaving:
+            left.append(leaving)
+    if not finished:
+        raise left[0]
+    if left and not all(isinstance(x, Exit) for x in left):
+        raise Uncertain(f"{reason}: a return, break or continue there needs a real shell")
+    merge(state, [copy for copy, _ in finished], reason)
+    if left:
+        why = left[0].why  # type: ignore[union-attr]
+        state.condition = state.condition or f"{reason}, where the script may stop ({why})"
+    statuses = {s for _, s in finished}
+    return statuses.pop() if len(statuses) == 1 else Unknown(reason)

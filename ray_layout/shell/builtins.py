@@ -1,0 +1,501 @@
+"""Bash's builtins as a launch script uses them, each doing to the reader's state what it does to
+bash's: assignments and declarations, ``set``/``shift``, ``eval``, ``source``, ``echo``/
+``printf`` (their output for a command substitution), ``test``, ``let``, ``exit``/``return``/
+``break``, ``cd``/``pwd`` and the script-directory idioms (``dirname``, ``basename``).  What a
+builtin would take from outside (``read``, ``getopts``, ``mapfile``) leaves its variables
+unresolved.  ``bash -c TEXT`` is an external command whose TEXT is read as a script of its own.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ray_layout.errors import clipped
+from ray_layout.shell.arithmetic import printf
+from ray_layout.shell.conditions import DoubleBracket, NoAnswer, case_matches, evaluate_test
+from ray_layout.shell.escapes import backslash_escape
+from ray_layout.shell.expand import arithmetic_text, expand_whole
+from ray_layout.shell.flow import Break, Exit, Return, Status, Unknown
+from ray_layout.shell.state import State
+from ray_layout.shell.syntax import (
+    Conditional,
+    Simple,
+)
+from ray_layout.shell.tokens import Word
+from ray_layout.shell.values import (
+    ExpandedWord,
+    Text,
+    Unresolved,
+    Value,
+    not_set,
+    readable,
+)
+
+if TYPE_CHECKING:
+    from ray_layout.shell.interpreter import Interpreter
+
+Builtin = Callable[["Interpreter", list[ExpandedWord], Simple, State], Status]
+SHELLS = frozenset({"bash", "sh", "/bin/bash", "/bin/sh", "/usr/bin/bash", "/usr/bin/env bash"})
+
+
+def _status(answer: bool | NoAnswer) -> Status:
+    return Unknown(answer.reason) if isinstance(answer, NoAnswer) else int(not answer)
+
+
+def _texts(words: list[ExpandedWord]) -> list[str] | str:
+    """The words' texts, or why one of them is not known."""
+    unknown = next((w.unresolved for w in words if w.unresolved), None)
+    return unknown if unknown is not None else [w.text for w in words]
+
+
+# --- assignments --------------------------------------------------------------------------------
+
+
+# --- the builtins -------------------------------------------------------------------------------
+
+
+def _true(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    return 0
+
+
+def _false(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    return 1
+
+
+def _test(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    operands = words[1:]
+    if words[0].text == "[":
+        if not operands or operands[-1].text != "]":
+            return Unknown(f"line {node.line}: a '[' without ']'")
+        operands = operands[:-1]
+    unknown = next((w.unresolved for w in operands if w.unresolved), None)
+    if unknown is not None:
+        return Unknown(f"line {node.line}: a test on {unknown}")
+    interp.decided_by += [n for w in operands for n in w.missing]
+    answer = evaluate_test([w.text for w in operands])
+    if isinstance(answer, NoAnswer):
+        return Unknown(f"line {node.line}: {answer.reason}")
+    return int(not answer)
+
+
+def conditional(interp: Interpreter, node: Conditional, state: State) -> Status:
+    reader = DoubleBracket(node.tokens, interp.scope(state))
+    try:
+        answer = reader.evaluate()
+    except Exception as exc:
+        answer = NoAnswer(str(exc))
+    interp.decided_by += reader.missing
+    if isinstance(answer, NoAnswer):
+        return Unknown(f"line {node.line}: {answer.reason}")
+    return int(not answer)
+
+
+def arithmetic_status(
+    interp: Interpreter, text: str, line: int, state: State, allow_empty: bool = False
+) -> Status:
+    """``(( expression ))``: 0 where it is not zero; its assignments change the variables."""
+    if allow_empty and not text.strip():
+        return 0
+    value = arithmetic_text(text, interp.scope(state), f"(( {clipped(text.strip())} ))")
+    if isinstance(value, Text):
+        interp.decided_by += list(value.missing)
+    if isinstance(value, Unresolved):
+        _unresolve_assigned(
+            text, state, f"(( {clipped(text.strip())} )) (line {line}): {value.reason}"
+        )
+        return Unknown(f"line {line}: {value.reason}")
+    return int(value.text == "0")  # type: ignore[union-attr]
+
+
+def _unresolve_assigned(text: str, state: State, reason: str) -> None:
+    """An arithmetic the reader could not finish may have assigned any name it holds."""
+    for name in set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)):
+        if re.search(
+            rf"\b{name}\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)|\+\+\s*{name}\b|\b{name}\s*\+\+|--\s*{name}\b|\b{name}\s*--",
+            text,
+        ):
+            state.store(name, Unresolved(reason), 0)
+
+
+def _let(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    status: Status = 1
+    for word in words[1:]:
+        if word.unresolved:
+            state.poison(f"let of {word.unresolved} (line {node.line})")
+            return Unknown(word.unresolved)
+        status = arithmetic_status(interp, word.text, node.line, state)
+    return status
+
+
+def _echo(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    arguments = words[1:]
+    newline, escapes = True, False
+    while (
+        arguments
+        and arguments[0].text[:1] == "-"
+        and set(arguments[0].text[1:]) <= set("neE")
+        and len(arguments[0].text) > 1
+    ):
+        flags = arguments.pop(0).text[1:]
+        newline = newline and "n" not in flags
+        escapes = (escapes or "e" in flags) and not flags.endswith("E")
+    pieces: list[Text] = []
+    for position, word in enumerate(arguments):
+        if position:
+            pieces.append(Text.of(" "))
+        text = Text(word.text, word.offsets, word.missing, word.unresolved)
+        if escapes and "\\" in word.text:
+            text = Text.of(_escaped(word.text))
+        pieces.append(text)
+    if newline:
+        pieces.append(Text.of("\n"))
+    _print(state, pieces)
+    return 0
+
+
+def _escaped(text: str) -> str:
+    out, index = [], 0
+    while index < len(text):
+        if text[index] == "\\" and index + 1 < len(text):
+            if text[index + 1] == "c":
+                break
+            char, index = backslash_escape(text, index, ansi_c=False)
+            out.append(char)
+        else:
+            out.append(text[index])
+            index += 1
+    return "".join(out)
+
+
+def _print(state: State, pieces: list[Text]) -> None:
+    if state.output is not None:
+        state.output += pieces
+
+
+def _printf(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    arguments = words[1:]
+    target = None
+    if len(arguments) >= 2 and arguments[0].text == "-v":
+        target, arguments = arguments[1].text, arguments[2:]
+    if arguments and arguments[0].text == "--":
+        arguments = arguments[1:]
+    texts = _texts(arguments)
+    value: Value
+    if isinstance(texts, str) or not texts:
+        value = Unresolved(f"printf (line {node.line}) of {texts or 'no format'}")
+    else:
+        try:
+            value = Text.of(printf(texts[0], texts[1:]))
+        except ValueError as exc:
+            value = Unresolved(f"printf (line {node.line}): {exc}")
+    if target is not None:
+        interp_value = value
+        if isinstance(interp_value, Unresolved) and target in interp.environment:
+            interp_value = Text.of(interp.environment[target])
+        state.store(target, interp_value, node.line)
+        return 0 if isinstance(value, Text) else Unknown(value.reason)
+    if isinstance(value, Unresolved):
+        state.impure = state.impure or value.reason
+        return Unknown(value.reason)
+    _print(state, [value])
+    return 0
+
+
+def _set(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    arguments = words[1:]
+    names = {"e": "errexit", "u": "nounset"}
+    while arguments and arguments[0].text[:1] in "-+" and arguments[0].text not in ("-", "--"):
+        flag = arguments.pop(0).text
+        turn_on = flag[0] == "-"
+        letters = flag[1:]
+        if "o" in letters and arguments:  # -o NAME, also at the end of -euxo
+            named = arguments.pop(0).text
+            letters = letters.replace("o", "") + {"errexit": "e", "nounset": "u"}.get(named, "")
+        for letter in letters:
+            if letter in names:
+                (state.options.add if turn_on else state.options.discard)(names[letter])
+    if arguments and arguments[0].text in ("-", "--"):
+        arguments = arguments[1:]
+    elif not arguments:
+        return 0
+    unknown = next((w.unresolved for w in arguments if w.unresolved), None)
+    if unknown is not None:
+        state.positional = Unresolved(f"set -- (line {node.line}) of {unknown}")
+    else:
+        state.positional = tuple(Text(w.text, w.offsets, w.missing) for w in arguments)
+    state.arguments_given = True
+    return 0
+
+
+def _shift(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    count_text = words[1].text if len(words) > 1 else "1"
+    if isinstance(state.positional, Unresolved):
+        return Unknown(state.positional.reason)
+    if not count_text.isdigit():
+        return Unknown(f"shift {clipped(count_text)}")
+    count = int(count_text)
+    if count > len(state.positional):
+        return 1
+    if not state.arguments_given and count:
+        interp.decided_by.append("#")
+    state.positional = state.positional[count:]
+    return 0
+
+
+def _unset(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    functions = any(w.text == "-f" for w in words[1:])
+    for word in words[1:]:
+        if word.text.startswith("-"):
+            continue
+        if word.unresolved:
+            state.poison(f"unset of {word.unresolved} (line {node.line})")
+        elif functions:
+            state.functions.pop(word.text, None)
+        else:
+            state.remove(word.text)
+    return 0
+
+
+def _eval(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    """``eval`` of known words runs them; a value the reader lacks inside them stays a hole (one
+    word, said in a note); a word it lacks as a whole leaves everything after unknown."""
+    whole = next((w.unresolved for w in words[1:] if w.unresolved and "\x01" not in w.text), None)
+    if whole is not None:
+        state.poison(f"the eval at line {node.line} of {whole}")
+        interp.notes.append(
+            f"{interp.source}:{node.line}: eval of {whole}: what it sets is unknown"
+        )
+        return Unknown(whole)
+    held = [readable(w.text) for w in words[1:] if w.unresolved]
+    if held:
+        interp.notes.append(
+            f"{interp.source}:{node.line}: eval of text holding values this reader does not "
+            f"have ({clipped(held[0], 60)}): each taken as one word"
+        )
+    text = Text("", ())
+    for position, word in enumerate(words[1:]):
+        text += (Text.of(" ") if position else Text("", ())) + Text(
+            word.text, word.offsets, word.missing
+        )
+    return interp.run_text(text, node.line, state, "eval")
+
+
+def _source(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    if len(words) < 2:
+        return 2
+    target = words[1]
+    if target.unknown:
+        state.poison(f"source of {target.unknown} (line {node.line})")
+        return Unknown(target.unknown)
+    here = posixpath.dirname(state.sources[0]) if state.sources else ""
+    path = posixpath.normpath(
+        target.text if posixpath.isabs(target.text) else posixpath.join(here, target.text)
+    )
+    text = interp.read_file(path) if interp.read_file is not None else None
+    if text is None:
+        why = f"source {clipped(target.text)} (line {node.line}), a file this reader did not read"
+        state.poison(why)
+        interp.notes.append(f"{interp.source}:{node.line}: not read: {clipped(target.text)}")
+        return Unknown(why)
+    saved = state.positional
+    if len(words) > 2:
+        state.positional = tuple(Text(w.text, w.offsets, w.missing) for w in words[2:])
+    state.sources.insert(0, path)
+    try:
+        return interp.run_text(Text.of(text), node.line, state, f"source {path}", source=path)
+    except Return as returned:
+        return returned.status
+    finally:
+        state.sources.pop(0)
+        if len(words) > 2:
+            state.positional = saved
+
+
+def _exit(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    status = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 0
+    why = f"line {node.line}: exit {status}"
+    if state.decided_by:
+        names = ", ".join(f"${n}" for n in state.decided_by)
+        why += f", reached because {names} {'is' if len(state.decided_by) == 1 else 'are'} not set"
+        why += f" ({not_set(state.decided_by[0])})"
+    raise Exit(status, why)
+
+
+def _return(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    status = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 0
+    raise Return(status)
+
+
+def _break(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    levels = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 1
+    raise Break(max(levels, 1), again=words[0].text == "continue")
+
+
+def _outside(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    """``read``, ``getopts``, ``mapfile``: their variables come from outside the script."""
+    reason = f"{words[0].text} at line {node.line}, which reads what only the running job has"
+    names = [w.text for w in words[1:] if w.text.isidentifier()]
+    if words[0].text == "getopts":
+        names = [*names[1:], "OPTARG", "OPTIND"]
+    for name in names or ["REPLY"]:
+        state.store(name, Unresolved(reason), node.line)
+    state.impure = state.impure or words[0].text
+    return Unknown(reason)
+
+
+def _cd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    arguments = [w for w in words[1:] if w.text not in ("--", "-P", "-L")]
+    target = arguments[0] if arguments else None
+    if target is None or target.unknown:
+        state.cwd = None
+    else:
+        base = state.cwd
+        if posixpath.isabs(target.text):
+            state.cwd = posixpath.normpath(target.text)
+        else:
+            state.cwd = posixpath.normpath(posixpath.join(base, target.text)) if base else None
+    return 0
+
+
+def _pwd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    if state.cwd is None:  # the directory the job starts in: as an unset $PWD, remembered
+        given = interp.environment.get("PWD")
+        _print(state, [Text.of(given + "\n") if given else Text("\n", (-1,), ("PWD",))])
+        return 0
+    _print(state, [Text.of(state.cwd + "\n")])
+    return 0
+
+
+def _dirname(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    """``dirname`` and ``basename`` are text functions, as coreutils computes them."""
+    arguments = [w for w in words[1:] if w.text != "--"]
+    texts = _texts(arguments)
+    if isinstance(texts, str) or not texts:
+        state.impure = state.impure or f"{words[0].text} of {texts or 'nothing'}"
+        return Unknown(f"{words[0].text} (line {node.line})")
+    if words[0].text == "dirname":
+        out = [_dir(text) for text in texts]
+    else:
+        name = _base(texts[0])
+        if len(texts) > 1 and name != texts[1] and name.endswith(texts[1]):
+            name = name[: -len(texts[1])]
+        out = [name]
+    _print(state, [Text.of("\n".join(out) + "\n")])
+    return 0
+
+
+def _dir(path: str) -> str:
+    stripped = path.rstrip("/")
+    if not stripped:
+        return "/" if path else "."
+    head = stripped.rpartition("/")[0].rstrip("/")
+    if "/" not in stripped:
+        return "."
+    return head or "/"
+
+
+def _base(path: str) -> str:
+    stripped = path.rstrip("/")
+    return stripped.rpartition("/")[2] if stripped else ("/" if path else "")
+
+
+def _command(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    """``command NAME ...`` runs NAME bypassing functions; ``command -v`` asks the file system."""
+    rest = words[1:]
+    if not rest or rest[0].text in ("-v", "-V"):
+        state.impure = state.impure or "command -v"
+        return Unknown(f"command -v (line {node.line}), which asks the job's file system")
+    if rest[0].text == "-p":
+        rest = rest[1:]
+    builtin = BUILTINS.get(rest[0].text) if rest else None
+    if builtin is not None:
+        return builtin(interp, rest, node, state)
+    return interp.external(rest, node, state) if rest else 0
+
+
+def _exec(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    if len(words) == 1:
+        return 0  # exec with redirections only
+    status = interp.command(words[1:], node, state)
+    raise Exit(status, f"line {node.line}: exec ends the script")
+
+
+def _not_followed(
+    interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State
+) -> Status:
+    """Builtins that change nothing a launch line reads (``trap``, ``ulimit``, ``wait``...)."""
+    return 0
+
+
+def whole_word(interp: Interpreter, word: Word, state: State) -> ExpandedWord:
+    return expand_whole(word, interp.scope(state))
+
+
+def matches(
+    interp: Interpreter, subject: ExpandedWord, pattern: Word, state: State
+) -> bool | Unknown:
+    if subject.unresolved:
+        return Unknown(f"a case on {subject.unresolved}")
+    interp.decided_by += list(subject.missing)
+    answer = case_matches(subject, pattern, interp.scope(state))
+    return Unknown(answer.reason) if isinstance(answer, NoAnswer) else answer
+
+
+BUILTINS: dict[str, Builtin] = {
+    ":": _true,
+    "true": _true,
+    "false": _false,
+    "test": _test,
+    "[": _test,
+    "let": _let,
+    "echo": _echo,
+    "printf": _printf,
+    "set": _set,
+    "shift": _shift,
+    "unset": _unset,
+    "eval": _eval,
+    "source": _source,
+    ".": _source,
+    "exit": _exit,
+    "return": _return,
+    "break": _break,
+    "continue": _break,
+    "read": _outside,
+    "getopts": _outside,
+    "mapfile": _outside,
+    "readarray": _outside,
+    "cd": _cd,
+    "pwd": _pwd,
+    "dirname": _dirname,
+    "basename": _dirname,
+    "command": _command,
+    "builtin": _command,
+    "exec": _exec,
+    **dict.fromkeys(
+        [
+            "trap",
+            "ulimit",
+            "umask",
+            "wait",
+            "shopt",
+            "hash",
+            "alias",
+            "unalias",
+            "type",
+            "kill",
+            "pushd",
+            "popd",
+            "disown",
+            "enable",
+            "history",
+            "times",
+            "caller",
+            "complete",
+            "suspend",
+        ],
+        _not_followed,
+    ),
+}
