@@ -12,8 +12,10 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from ray_layout.shell.builtins import matches, whole_word
 from ray_layout.shell.flow import Break, Exit, Return, Status, Uncertain, Unknown
 from ray_layout.shell.state import State, merge
+from ray_layout.shell.syntax import Case
 
 if TYPE_CHECKING:
     from ray_layout.shell.interpreter import Interpreter
@@ -78,3 +80,28 @@ def branches(
         state.condition = state.condition or f"{reason}, where the script may stop ({why})"
     statuses = {s for _, s in finished}
     return statuses.pop() if len(statuses) == 1 else Unknown(reason)
+
+
+def case(interp: Interpreter, node: Case, state: State) -> Status:
+    interp.step(node.line)
+    subject = whole_word(interp, node.word, state)
+    for position, (patterns, body) in enumerate(node.items):
+        for pattern in patterns:
+            matched = matches(interp, subject, pattern, state)
+            if isinstance(matched, Unknown):
+                rest = Case(node.word, node.items[position:], node.line)
+                bodies = [lambda s, body=body: interp.sequence(body, s)] + [
+                    (lambda s, b=b: interp.sequence(b, s)) for _, b in rest.items[1:]
+                ]
+                bodies.append(lambda s: 0)
+                return branches(interp, bodies, matched.reason, state)
+            if matched:
+                others = [b for _, b in node.items if b is not body]
+                return decided(
+                    interp,
+                    lambda s, body=body: interp.sequence(body, s),
+                    subject.missing,
+                    state,
+                    [lambda s, b=b: interp.sequence(b, s) for b in others],
+                )
+    return 0

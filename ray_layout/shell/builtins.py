@@ -14,11 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ray_layout.errors import clipped
-from ray_layout.shell.arithmetic import printf
 from ray_layout.shell.conditions import DoubleBracket, NoAnswer, case_matches, evaluate_test
-from ray_layout.shell.escapes import backslash_escape
 from ray_layout.shell.expand import arithmetic_text, expand_whole
 from ray_layout.shell.flow import Break, Exit, Return, Status, Unknown
+from ray_layout.shell.printing import OUTPUT_BUILTINS
 from ray_layout.shell.state import State
 from ray_layout.shell.syntax import (
     Conditional,
@@ -29,7 +28,6 @@ from ray_layout.shell.values import (
     ExpandedWord,
     Text,
     Unresolved,
-    Value,
     not_set,
     readable,
 )
@@ -38,17 +36,6 @@ if TYPE_CHECKING:
     from ray_layout.shell.interpreter import Interpreter
 
 Builtin = Callable[["Interpreter", list[ExpandedWord], Simple, State], Status]
-SHELLS = frozenset({"bash", "sh", "/bin/bash", "/bin/sh", "/usr/bin/bash", "/usr/bin/env bash"})
-
-
-def _status(answer: bool | NoAnswer) -> Status:
-    return Unknown(answer.reason) if isinstance(answer, NoAnswer) else int(not answer)
-
-
-def _texts(words: list[ExpandedWord]) -> list[str] | str:
-    """The words' texts, or why one of them is not known."""
-    unknown = next((w.unresolved for w in words if w.unresolved), None)
-    return unknown if unknown is not None else [w.text for w in words]
 
 
 # --- assignments --------------------------------------------------------------------------------
@@ -128,80 +115,6 @@ def _let(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: St
             return Unknown(word.unresolved)
         status = arithmetic_status(interp, word.text, node.line, state)
     return status
-
-
-def _echo(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-    arguments = words[1:]
-    newline, escapes = True, False
-    while (
-        arguments
-        and arguments[0].text[:1] == "-"
-        and set(arguments[0].text[1:]) <= set("neE")
-        and len(arguments[0].text) > 1
-    ):
-        flags = arguments.pop(0).text[1:]
-        newline = newline and "n" not in flags
-        escapes = (escapes or "e" in flags) and not flags.endswith("E")
-    pieces: list[Text] = []
-    for position, word in enumerate(arguments):
-        if position:
-            pieces.append(Text.of(" "))
-        text = Text(word.text, word.offsets, word.missing, word.unresolved)
-        if escapes and "\\" in word.text:
-            text = Text.of(_escaped(word.text))
-        pieces.append(text)
-    if newline:
-        pieces.append(Text.of("\n"))
-    _print(state, pieces)
-    return 0
-
-
-def _escaped(text: str) -> str:
-    out, index = [], 0
-    while index < len(text):
-        if text[index] == "\\" and index + 1 < len(text):
-            if text[index + 1] == "c":
-                break
-            char, index = backslash_escape(text, index, ansi_c=False)
-            out.append(char)
-        else:
-            out.append(text[index])
-            index += 1
-    return "".join(out)
-
-
-def _print(state: State, pieces: list[Text]) -> None:
-    if state.output is not None:
-        state.output += pieces
-
-
-def _printf(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-    arguments = words[1:]
-    target = None
-    if len(arguments) >= 2 and arguments[0].text == "-v":
-        target, arguments = arguments[1].text, arguments[2:]
-    if arguments and arguments[0].text == "--":
-        arguments = arguments[1:]
-    texts = _texts(arguments)
-    value: Value
-    if isinstance(texts, str) or not texts:
-        value = Unresolved(f"printf (line {node.line}) of {texts or 'no format'}")
-    else:
-        try:
-            value = Text.of(printf(texts[0], texts[1:]))
-        except ValueError as exc:
-            value = Unresolved(f"printf (line {node.line}): {exc}")
-    if target is not None:
-        interp_value = value
-        if isinstance(interp_value, Unresolved) and target in interp.environment:
-            interp_value = Text.of(interp.environment[target])
-        state.store(target, interp_value, node.line)
-        return 0 if isinstance(value, Text) else Unknown(value.reason)
-    if isinstance(value, Unresolved):
-        state.impure = state.impure or value.reason
-        return Unknown(value.reason)
-    _print(state, [value])
-    return 0
 
 
 def _set(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
@@ -346,62 +259,6 @@ def _outside(interp: Interpreter, words: list[ExpandedWord], node: Simple, state
     return Unknown(reason)
 
 
-def _cd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-    arguments = [w for w in words[1:] if w.text not in ("--", "-P", "-L")]
-    target = arguments[0] if arguments else None
-    if target is None or target.unknown:
-        state.cwd = None
-    else:
-        base = state.cwd
-        if posixpath.isabs(target.text):
-            state.cwd = posixpath.normpath(target.text)
-        else:
-            state.cwd = posixpath.normpath(posixpath.join(base, target.text)) if base else None
-    return 0
-
-
-def _pwd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-    if state.cwd is None:  # the directory the job starts in: as an unset $PWD, remembered
-        given = interp.environment.get("PWD")
-        _print(state, [Text.of(given + "\n") if given else Text("\n", (-1,), ("PWD",))])
-        return 0
-    _print(state, [Text.of(state.cwd + "\n")])
-    return 0
-
-
-def _dirname(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-    """``dirname`` and ``basename`` are text functions, as coreutils computes them."""
-    arguments = [w for w in words[1:] if w.text != "--"]
-    texts = _texts(arguments)
-    if isinstance(texts, str) or not texts:
-        state.impure = state.impure or f"{words[0].text} of {texts or 'nothing'}"
-        return Unknown(f"{words[0].text} (line {node.line})")
-    if words[0].text == "dirname":
-        out = [_dir(text) for text in texts]
-    else:
-        name = _base(texts[0])
-        if len(texts) > 1 and name != texts[1] and name.endswith(texts[1]):
-            name = name[: -len(texts[1])]
-        out = [name]
-    _print(state, [Text.of("\n".join(out) + "\n")])
-    return 0
-
-
-def _dir(path: str) -> str:
-    stripped = path.rstrip("/")
-    if not stripped:
-        return "/" if path else "."
-    head = stripped.rpartition("/")[0].rstrip("/")
-    if "/" not in stripped:
-        return "."
-    return head or "/"
-
-
-def _base(path: str) -> str:
-    stripped = path.rstrip("/")
-    return stripped.rpartition("/")[2] if stripped else ("/" if path else "")
-
-
 def _command(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``command NAME ...`` runs NAME bypassing functions; ``command -v`` asks the file system."""
     rest = words[1:]
@@ -445,14 +302,13 @@ def matches(
 
 
 BUILTINS: dict[str, Builtin] = {
+    **OUTPUT_BUILTINS,
     ":": _true,
     "true": _true,
     "false": _false,
     "test": _test,
     "[": _test,
     "let": _let,
-    "echo": _echo,
-    "printf": _printf,
     "set": _set,
     "shift": _shift,
     "unset": _unset,
@@ -467,10 +323,6 @@ BUILTINS: dict[str, Builtin] = {
     "getopts": _outside,
     "mapfile": _outside,
     "readarray": _outside,
-    "cd": _cd,
-    "pwd": _pwd,
-    "dirname": _dirname,
-    "basename": _dirname,
     "command": _command,
     "builtin": _command,
     "exec": _exec,

@@ -39,7 +39,7 @@ def expand(token: Word, variables: Variables) -> list[ExpandedWord]:
         return [_placeholder(token, str(unknown))]
     words = fields.finish()
     if not words and fields.missing:  # `--nnodes $NNODES`: a value the job's environment gives
-        return [_placeholder(token, missing_reason(fields.missing))]
+        return [_placeholder(token, missing_reason(fields.missing), fields.missing)]
     return [ExpandedWord(f.text, token.line, f.offsets, f.unresolved, f.missing) for f in words]
 
 
@@ -111,6 +111,10 @@ class _Fields:
         each_element = (
             isinstance(part, Reference) and part.quoted and "@" in (part.index, part.name)
         )
+        unset = isinstance(value, Text) and not value.text and part.name in value.missing  # type: ignore[union-attr]
+        if each_element and unset:  # "${A[@]}" of an unset A: no word, as of an empty array
+            self.missing = tuple(n for n in self.missing if n != part.name)  # type: ignore[union-attr]
+            return
         if isinstance(value, tuple) and each_element:
             for position, element in enumerate(value):
                 if position:
@@ -260,6 +264,8 @@ def reference(part: Reference, variables: Variables) -> Value:
         if part.index not in (None, "@", "*"):
             element = _value_of(part, variables)
             return element if isinstance(element, Unresolved) else Text.of(str(_length(element)))
+        if part.index is None and part.name not in ("@", "*"):
+            return Text.of(str(_length(_value_of(part, variables))))  # ${#A}: of ${A[0]}
         count = len(whole) if isinstance(whole, tuple) else len(whole.text) if whole else 0
         return Text.of(str(count))
     if takes_word(part, variables):
@@ -371,6 +377,8 @@ def _value_of(part: Reference, variables: Variables) -> Value | None:
     """What the reference names (an array's element for ``${A[1]}``, ``${A[-1]}``,
     ``${A[i+1]}``); None: nothing set it."""
     value = variables.get(part.name)
+    if part.index is None and isinstance(value, tuple) and part.name not in ("@", "*"):
+        return value[0] if value else None  # $A of an array is ${A[0]}
     if part.index in (None, "@", "*") or isinstance(value, Unresolved):
         return value
     position = array_index(part.index, variables, clipped(part.source))
@@ -387,11 +395,12 @@ def array_index(index: str, variables: Variables, shown: str) -> int | Unresolve
     return number if isinstance(number, Unresolved) else int(number.text)  # type: ignore[union-attr]
 
 
-def _placeholder(token: Word, reason: str) -> ExpandedWord:
+def _placeholder(token: Word, reason: str, missing: tuple[str, ...] = ()) -> ExpandedWord:
     """A word whose value this reader does not have: the word as written, and why; only its
     first character's offset is kept (for its line), so no rewrite ever touches it."""
     text = self_text(token)
-    return ExpandedWord(text, token.line, (token.start,) + (-1,) * (len(text) - 1), reason)
+    offsets = (token.start,) + (-1,) * (len(text) - 1)
+    return ExpandedWord(text, token.line, offsets, reason, missing)
 
 
 def self_text(token: Word) -> str:

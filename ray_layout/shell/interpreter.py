@@ -16,15 +16,16 @@ Nothing is ever skipped as if it did nothing.  Work is bounded: a script that ru
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ray_layout.errors import clipped
 from ray_layout.shell import assignments, branching, builtins, loops, nested
 from ray_layout.shell.expand import expand
 from ray_layout.shell.flow import Break, Exit, Return, Status, Uncertain, Unknown
 from ray_layout.shell.parse import parse
-from ray_layout.shell.relocate import Placement
+from ray_layout.shell.recorded import Command, ScriptRun
 from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.relocate import Placement
 from ray_layout.shell.state import Scope, State
 from ray_layout.shell.syntax import (
     DECLARATIONS,
@@ -48,7 +49,6 @@ from ray_layout.shell.tokens import Word
 from ray_layout.shell.values import (
     ExpandedWord,
     Text,
-    Value,
     hole_reason,
     not_set,
     readable,
@@ -59,39 +59,6 @@ MAX_STEPS = 300_000
 MAX_DEPTH = 100  # function calls, sources, evals and substitutions inside each other
 MAX_VALUE_CHARS = 1_000_000
 MAX_ELEMENTS = 100_000
-
-
-@dataclass(frozen=True)
-class Command:
-    """An external command: its words, the ``NAME=value`` prefixes that set its environment, and
-    the condition it runs under (None: whenever the script gets there)."""
-
-    words: tuple[ExpandedWord, ...]
-    environment: tuple[tuple[str, ExpandedWord], ...]
-    line: int
-    condition: str | None
-    reparsed: bool = False  # from text bash parses again (``eval "$CMD"``, ``bash -c``)
-    captured: bool = False  # run inside a command substitution, for its output
-
-    @property
-    def argv(self) -> tuple[str, ...]:
-        return tuple(word.text for word in self.words)
-
-
-@dataclass(frozen=True)
-class ScriptRun:
-    """What the script leaves behind: every variable, what it exports, the commands it runs,
-    and why it stopped before its end (an ``exit``, ``set -e``), if it did."""
-
-    variables: Mapping[str, Value]
-    exported: tuple[str, ...]
-    commands: tuple[Command, ...]
-    notes: tuple[str, ...]
-    environment: Mapping[str, str]  # the --env values it was read with
-    lines: Mapping[str, int]  # each variable's last assignment
-    stopped: str | None
-    taken_as_empty: tuple[str, ...]  # variables never set that the commands' words used
-    untaken: tuple[Command, ...] = ()  # commands only another value of an unset variable runs
 
 
 FileReader = Callable[[str], "str | None"]
@@ -236,7 +203,7 @@ class Interpreter:
         if isinstance(node, For | ArithmeticFor | While):
             return loops.loop(self, node, state)
         if isinstance(node, Case):
-            return self.case(node, state)
+            return branching.case(self, node, state)
         if isinstance(node, FunctionDefinition):
             state.functions[node.name] = node
             return 0
@@ -369,30 +336,6 @@ class Interpreter:
         return status
 
     # --- loops ------------------------------------------------------------------------------
-
-    def case(self, node: Case, state: State) -> Status:
-        self.step(node.line)
-        subject = builtins.whole_word(self, node.word, state)
-        for position, (patterns, body) in enumerate(node.items):
-            for pattern in patterns:
-                matched = builtins.matches(self, subject, pattern, state)
-                if isinstance(matched, Unknown):
-                    rest = Case(node.word, node.items[position:], node.line)
-                    bodies = [lambda s, body=body: self.sequence(body, s)] + [
-                        (lambda s, b=b: self.sequence(b, s)) for _, b in rest.items[1:]
-                    ]
-                    bodies.append(lambda s: 0)
-                    return branching.branches(self, bodies, matched.reason, state)
-                if matched:
-                    others = [b for _, b in node.items if b is not body]
-                    return branching.decided(
-                        self,
-                        lambda s, body=body: self.sequence(body, s),
-                        subject.missing,
-                        state,
-                        [lambda s, b=b: self.sequence(b, s) for b in others],
-                    )
-        return 0
 
     # --- simple commands ----------------------------------------------------------------------
 

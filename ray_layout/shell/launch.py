@@ -21,7 +21,8 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from ray_layout.errors import clipped
-from ray_layout.shell.interpreter import Command, FileReader, ScriptRun, run_script
+from ray_layout.shell.interpreter import FileReader, run_script
+from ray_layout.shell.recorded import Command, ScriptRun
 from ray_layout.shell.refusal import ShellError
 from ray_layout.shell.values import ExpandedWord, Text, Unresolved, split
 

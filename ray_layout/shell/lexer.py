@@ -8,11 +8,11 @@ written.  ``ray_layout.shell.parse`` builds the commands from them.
 from __future__ import annotations
 
 from ray_layout.errors import quoted
+from ray_layout.shell import heredocs
 from ray_layout.shell.escapes import as_argv, backslash_escape
 from ray_layout.shell.refusal import ShellError
 from ray_layout.shell.tokens import (
     ArrayLiteral,
-    Heredoc,
     Literal,
     Operator,
     Part,
@@ -39,7 +39,7 @@ _BRACE_OPERATORS = (
 )
 
 
-class _Lexer:
+class Lexer:
     def __init__(self, text: str, source: str, depth: int = 0) -> None:
         self.text, self.source, self.depth = text, source, depth  # depth: inside $( ... )
         self.pos, self.line = 0, 1
@@ -75,7 +75,7 @@ class _Lexer:
             elif char == "\n":
                 line, start = self.line, self.pos
                 self.advance()
-                self.read_heredoc_bodies()  # their tokens come before the line's end
+                heredocs.read_bodies(self)  # their tokens come before the line's end
                 self.tokens.append(Operator("\n", line, start))
             elif self.at_process_substitution():
                 self.tokens.append(self.word_or_array())
@@ -88,12 +88,12 @@ class _Lexer:
                 self.tokens.append(Operator(operator, self.line, self.pos))
                 self.advance(len(operator))
                 if operator in ("<<", "<<-"):
-                    self.heredoc_delimiter(strip_tabs=operator == "<<-")
+                    heredocs.delimiter(self, strip_tabs=operator == "<<-")
             else:
                 self.word_or_descriptor()
         if substitution_line is not None:
             raise self.error("a '$(' is never closed", substitution_line)
-        self.read_heredoc_bodies()
+        heredocs.read_bodies(self)
         self.end_heredocs()
         return self.tokens
 
@@ -115,48 +115,6 @@ class _Lexer:
 
     def operator(self) -> str | None:
         return next((op for op in _OPERATORS if self.text.startswith(op, self.pos)), None)
-
-    def heredoc_delimiter(self, *, strip_tabs: bool) -> None:
-        while self.peek() in (" ", "\t"):
-            self.advance()
-        if self.peek() in ("", "\n"):
-            raise self.error("a here-document needs a delimiter word after <<")
-        word = self.word(inside_array=False)
-        delimiter = "".join(p.text for p in word.parts if isinstance(p, Literal))
-        if not delimiter:
-            raise self.error("a here-document's delimiter must be a plain word")
-        quoted = any(isinstance(p, Literal) and p.quoted for p in word.parts)
-        self.pending_heredocs.append((delimiter, strip_tabs, quoted))
-
-    def read_heredoc_bodies(self) -> None:
-        """The body of each here-document opened on the line just ended: the lines up to its
-        delimiter alone on a line (tabs stripped for ``<<-``).  The body is data, never read
-        for quotes; under an unquoted delimiter a backslash-newline joins two lines (so
-        ``x\\`` then ``EOF`` is no end), as bash reads it."""
-        while self.pending_heredocs:
-            delimiter, strip_tabs, quoted = self.pending_heredocs.pop(0)
-            start_line, body = self.line, []
-            while True:
-                line = self.heredoc_line(delimiter, start_line, joined=not quoted)
-                if (line.lstrip("\t") if strip_tabs else line) == delimiter:
-                    break
-                body.append(line)
-            self.tokens.append(Heredoc(delimiter, "\n".join(body), start_line, quoted))
-
-    def heredoc_line(self, delimiter: str, start_line: int, *, joined: bool) -> str:
-        """The next line of a here-document's body (with its continuations where ``joined``)."""
-        pieces: list[str] = []
-        while True:
-            if self.pos >= len(self.text):
-                raise self.error(f"here-document {quoted(delimiter)} is never ended", start_line)
-            end = self.text.find("\n", self.pos)
-            end = len(self.text) if end < 0 else end
-            line = self.text[self.pos : end]
-            self.advance(end - self.pos + (end < len(self.text)))
-            backslashes = len(line) - len(line.rstrip("\\"))
-            if not (joined and backslashes % 2 and end < len(self.text)):
-                return "".join(pieces) + line
-            pieces.append(line[:-1])
 
     def word_or_array(self) -> Word | ArrayLiteral:
         start_line = self.line
@@ -317,7 +275,7 @@ class _Lexer:
         """Past the ``)`` that closes a ``$(`` (or ``<(``) opened on ``line``: the command inside
         is read as bash reads it (quotes, comments, here-documents, parentheses of its own), its
         tokens left out."""
-        inner = _Lexer(self.text, self.source, depth + 1)
+        inner = Lexer(self.text, self.source, depth + 1)
         inner.pos, inner.line = self.pos, self.line
         inner.run(substitution_line=line)
         self.pos, self.line = inner.pos, inner.line
@@ -463,6 +421,6 @@ def tokenize(text: str, source: str) -> list[Token]:
             f"{source}: {len(text):,} characters, more than a launch script's {MAX_SCRIPT_CHARS:,}"
         )
     try:
-        return _Lexer(text, source).run()
+        return Lexer(text, source).run()
     except RecursionError:
         raise ShellError(f"{source}: expansions nested too deeply") from None

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ray_layout.shell.cursor import Cursor, line_of, shown
 from ray_layout.shell.lexer import tokenize
-from ray_layout.shell.relocate import Placement, placed
 from ray_layout.shell.refusal import ShellError
+from ray_layout.shell.relocate import Placement, placed
 from ray_layout.shell.syntax import (
     DECLARATIONS,
     AndOr,
@@ -35,6 +35,7 @@ MAX_DEPTH = 100  # compound commands inside each other
 # Each takes the word after it (its target), but << and <<-, whose body is a token of its own.
 REDIRECTIONS = frozenset({">", ">>", ">&", ">|", "&>", "&>>", "<", "<&", "<>", "<<<"})
 _HEREDOCS = frozenset({"<<", "<<-"})
+_CLOSERS = frozenset({"then", "elif", "else", "fi", "do", "done", "esac", "}"})
 _ENDS_COMMAND = frozenset({";", "\n", "&", "&&", "||", "|", "|&", ")", ";;"})
 
 
@@ -150,6 +151,8 @@ class _Parser(Cursor):
 
     def compound(self, token: Token) -> Node | None:
         keyword = token.plain if isinstance(token, Word) else None
+        if keyword in _CLOSERS:
+            raise self.error(f"unexpected '{keyword}'")
         builders = {
             "if": self.if_command,
             "for": self.for_command,
@@ -309,7 +312,7 @@ class _Parser(Cursor):
         condition = self.sequence(frozenset({"do"}))
         self.expect_word("do", keyword, token.line)
         body = self.sequence(frozenset({"done"}))
-        self.expect_word("done", "do", token.line)
+        self.expect_word("done", keyword, token.line)
         return While(condition, body, keyword == "until", token.line)
 
     def case_command(self) -> Case:
@@ -327,7 +330,7 @@ class _Parser(Cursor):
                 self.take()
                 return Case(word, tuple(items), line)
             if self.peek() is None:
-                raise self.error(f"'case' (line {line}) is never closed by 'esac'")
+                raise self.error("'case' is never closed by 'esac'", line)
             if self.at_operator("("):
                 self.take()
             patterns = []

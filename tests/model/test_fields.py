@@ -4,6 +4,7 @@ and a bad value is one line naming the field."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 
 import pytest
@@ -90,7 +91,7 @@ def test_a_model_written_as_its_flags_reads_back_as_itself(model):
     """Megatron's own parser (the oracle's, megatron-core's enums) takes every word."""
     argv = words(model_flags(model))
     parse_megatron_args(argv)
-    got = load_megatron_command_line(" ".join(argv)).model
+    got = load_megatron_command_line(shlex.join(argv)).model  # as a shell would be given it
     assert got == replace(model, name=got.name)
 
 

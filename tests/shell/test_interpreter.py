@@ -57,7 +57,10 @@ def test_what_needs_a_real_shell_is_unresolved_with_its_line():
 
 
 def test_a_builtin_only_command_substitution_needs_no_hint():
-    script = "A=(1 2 3)\nS=$(IFS=', '; echo \"${A[*]}\")\nD=$(dirname /a/b/c.sh)\nB=$(basename /x/y.sh .sh)"
+    script = (
+        "A=(1 2 3)\nS=$(IFS=', '; echo \"${A[*]}\")\n"
+        "D=$(dirname /a/b/c.sh)\nB=$(basename /x/y.sh .sh)"
+    )
     assert [variable(script, name) for name in ("S", "D", "B")] == ["1,2,3", "/a/b", "y"]
     here = 'DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &> /dev/null && pwd)'
     assert run_script(here, "/work/s/run.sh").variables["DIR"].text == "/work/s"

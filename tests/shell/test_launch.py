@@ -82,7 +82,10 @@ def test_a_conditional_launch_is_taken_with_a_note_and_two_different_ones_are_an
     only_if_set = f'if [ -n "$DEBUG" ]; then python pretrain_gpt.py {ARGS}; fi\n'
     with pytest.raises(ShellError, match=r"^t\.sh:1: this launch runs only with \$DEBUG set"):
         read_launch(only_if_set, "t.sh")  # bash takes $DEBUG as empty: the launch never runs
-    two = f'if [ "$M" = a ]; then python pretrain_gpt.py {ARGS}; else python pretrain_gpt.py {ARGS} --x; fi'
+    two = (
+        f'if [ "$M" = a ]; then python pretrain_gpt.py {ARGS}; '
+        f"else python pretrain_gpt.py {ARGS} --x; fi"
+    )
     with pytest.raises(ShellError, match=r"this launch runs only with \$M set .*line 1 runs as"):
         read_launch(two, "t.sh")
     assert texts(read_launch(two, "t.sh", {"M": "a"}).arguments) == ARGS.split()
