@@ -9,7 +9,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
@@ -84,8 +84,11 @@ class ModelSettings(Settings):
         metavar="NAME=VALUE",
         checks=[_environment_checks],
     )
-    script_args: tuple[str, ...] = argument(
-        help="after --: the launch script's own arguments ($1, $2, ...)", default=()
+    script_args: tuple[str, ...] = option(
+        (),
+        help="one of the launch script's own arguments ($1, $2, ...); or give them all after --",
+        metavar="ARG",
+        names=["--script-arg"],
     )
 
     def overrides(self, **sizes: int) -> Overrides:
@@ -134,6 +137,16 @@ class OneLineErrorParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         print(one_line(f"error: {self.prog}: {message} (see --help)"), file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT)
+
+
+def script_arguments_apart(argv: Sequence[str]) -> list[str]:
+    """The command line with what follows ``--`` (a launch script's own arguments, which may
+    look like flags: ``-- dsw A37B --pp``) given as ``--script-arg=WORD`` each."""
+    words = list(argv)
+    if "--" not in words:
+        return words
+    cut = words.index("--")
+    return words[:cut] + [f"--script-arg={word}" for word in words[cut + 1 :]]
 
 
 def one_line(message: str) -> str:

@@ -108,8 +108,6 @@ def _argparse_options(item: Field, kind: Any) -> dict[str, Any]:
     elif spec.parse is None and kind is not str:
         options["type"] = kind
     if spec.positional:
-        if repeated:  # the words after ``--`` (a script's own arguments)
-            return {"help": spec.help, "nargs": "*", "default": item.default}
         if item.default is not MISSING:
             options |= {"nargs": "?", "default": item.default}
         return options

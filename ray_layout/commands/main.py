@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
-from ray_layout.commands.common import Command, OneLineErrorParser, execute
+from ray_layout.commands.common import Command, OneLineErrorParser, execute, script_arguments_apart
 from ray_layout.commands.flags import add_flags
 from ray_layout.commands.layouts import LAYOUTS
 from ray_layout.commands.measure import FIT, INGEST, PROFILE_LAYOUTS
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(script_arguments_apart(words))
     by_name = {command.name: command for command in COMMANDS}
     return execute(by_name[args.command], args)

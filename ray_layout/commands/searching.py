@@ -30,6 +30,7 @@ from ray_layout.model.costs import (
     load_costs,
     provenance_mismatches,
 )
+from ray_layout.model.dialects import deepspeed_moe
 from ray_layout.model.layout import check_interleaving
 from ray_layout.model.sizing import DECODER_UNITS
 from ray_layout.model.spec import Recipe
@@ -184,7 +185,14 @@ def microbatch_count(recipe: Recipe, given: int | None, group_size: int | None =
 
 def check_search_size(recipe: Recipe) -> None:
     """The search's memory grows with the layers it places times the stages it places them on:
-    refuse a model and pipeline that would take gigabytes before it starts."""
+    refuse a model and pipeline that would take gigabytes before it starts.  A job of a fork
+    that takes no layout flag (Megatron-DeepSpeed) has nothing to search: the one line says who
+    splits it and how many layers each stage gets."""
+    if recipe.dialect == deepspeed_moe.NAME:
+        m, args = recipe.model, recipe.megatron_args
+        raise ConfigError(
+            deepspeed_moe.plan_line(m.num_layers, recipe.parallel.pp, bool(m.num_experts), args)
+        )
     layers, parallel = recipe.model.num_layers, recipe.parallel
     placements = layers * parallel.pp * parallel.vpp
     if placements > MAX_LAYER_PLACEMENTS:

@@ -32,7 +32,14 @@ from ray_layout.commands.checks import (
     plain_name,
     reachable,
 )
-from ray_layout.commands.common import Command, ModelSettings, command_parser, execute, json_flag
+from ray_layout.commands.common import (
+    Command,
+    ModelSettings,
+    command_parser,
+    execute,
+    json_flag,
+    script_arguments_apart,
+)
 from ray_layout.commands.flags import Settings, option
 from ray_layout.commands.profile import BackendFlags, RunPolicyFlags, log_dir_flag
 from ray_layout.commands.searching import (
@@ -243,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(script_arguments_apart(words))
     cancel = threading.Event()
 
     def interrupted(signum: int, frame: object) -> None:

@@ -15,7 +15,8 @@ changed over the years and across forks::
 
 Rank 0 also prints every argument, between ``---- arguments ----`` and ``---- end of arguments
 ----``, one ``  name ........ value`` a line: the model's shape, the batch sizes, the layout and
-VPP the run really had.
+VPP the run really had: ``ray_layout.model.run_log`` reads that block (a run log is also a
+CONFIG).
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ SIZE_NAMES = {
 # Not after "-" (``encoder-tensor-model-parallel``), but after any letter: forks glue the names
 # onto the value before them (``sizes: Nonetensor-model-parallel size: 2``).
 _SIZE = re.compile(rf"(?<!-)(?P<name>{'|'.join(SIZE_NAMES)})[ -]size:\s*(?P<value>{INTEGER})")
-_ARGUMENTS = re.compile(r"-{3,} arguments -{3,}")
-_ARGUMENTS_END = re.compile(r"-{3,} end of arguments -{3,}")
-# ``  hidden_size ...... 2048``: from a word's start only, the value (maybe empty) to the line's
-# end; linear
-_ARGUMENT = re.compile(r"(?<!\w)(?P<name>[A-Za-z_]\w*) \.{2,}(?: (?P<value>.*))?$")
 
 
 @dataclass(frozen=True)
@@ -76,18 +72,3 @@ def parse_world(text: str) -> LogWorld | None:
         return None
     sizes = {SIZE_NAMES[size["name"]]: int(size["value"]) for size in _SIZE.finditer(match["rest"])}
     return LogWorld(int(match["world"]), sizes, lines[-1], tuple(lines[:-1]))
-
-
-def parse_arguments(text: str) -> Mapping[str, str]:
-    """The last arguments block rank 0 printed (a restart prints its own), name -> value as
-    printed; empty when the log holds none."""
-    starts = list(_ARGUMENTS.finditer(text))
-    if not starts:
-        return MappingProxyType({})
-    start = starts[-1].end()
-    end = _ARGUMENTS_END.search(text, start)
-    found = {}
-    for line in text[start : end.start() if end else len(text)].splitlines():
-        if match := _ARGUMENT.search(line):
-            found[match["name"]] = (match["value"] or "").strip()  # "" printed as nothing
-    return MappingProxyType(found)

@@ -39,8 +39,9 @@ from ray_layout.measure.log_records import (
     impossible_timer,
     steady_intervals,
 )
-from ray_layout.measure.log_world import INTEGER, parse_arguments, parse_world
+from ray_layout.measure.log_world import INTEGER, parse_world
 from ray_layout.model.files import read_bytes
+from ray_layout.model.run_log import parse_arguments
 
 __all__ = [
     "ITERATION_LINE_START",

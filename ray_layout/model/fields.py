@@ -115,8 +115,14 @@ MODEL_FIELDS: tuple[ModelField, ...] = (
     _field("moe_ffn_hidden_size", int, minimum=1, omit_zero=True),
     _field("moe_router_topk", int, 2, omit_zero=True),
     _field("moe_shared_expert_intermediate_size", int, 0, minimum=0, omit_zero=True),
+    _field("moe_shared_expert_gate", bool, False),
     _field("moe_layer_freq", int | str | list, argument=lambda m: (
         moe_layer_freq_flag(m.moe_layer_pattern) if m.num_experts else None)),
+    # The forks' model facts (ray_layout/model/dialects): no megatron-core flag says them.
+    ModelField("moe_layer_experts", list, ()),
+    ModelField("moe_block", str, "megatron"),
+    ModelField("moe_residual", bool, False),
+    ModelField("noop_layers", list, ()),
     _field("mtp_num_layers", int, 0, maximum=MAX_LAYERS, omit_zero=True),
     _field("multi_latent_attention", bool, False, argument=lambda m: m.mla is not None),
     _field("q_lora_rank", int, minimum=1, mla=True),

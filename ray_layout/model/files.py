@@ -23,6 +23,8 @@ from ray_layout.errors import ConfigError, clipped, quoted
 MAX_INPUT_BYTES = 4_000_000  # a launch script, the largest kind of input
 MAX_MAPPING_BYTES = 1_000_000  # a YAML or JSON input: parsing it stays under a few seconds
 MAX_YAML_VALUES = 100_000  # values of a YAML document, an alias counted each time it is used
+# A run log, of any size, is read this far: rank 0 prints what CONFIG needs at start-up.
+LOG_OPENING_BYTES = 4_000_000
 
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
@@ -46,33 +48,46 @@ def read_text(path: str | Path, source: str, *, limit: int = MAX_INPUT_BYTES) ->
 def read_bytes(path: str | Path, source: str, *, limit: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (a log, whose stray bytes its
     reader replaces, is read this way)."""
+    data = _read(path, source, limit, whole=True)
+    if len(data) > limit:
+        raise ConfigError(f"{source}: more than the {limit:,} bytes an input file may hold")
+    return data
+
+
+def read_log_opening(path: str | Path, source: str, *, limit: int = LOG_OPENING_BYTES) -> str:
+    """The first ``limit`` bytes of a regular file of any size, as text with stray bytes
+    replaced: a training log grows without bound, what a run states at start-up is near its
+    top."""
+    return _read(path, source, limit, whole=False)[:limit].decode("utf-8", errors="replace")
+
+
+def _read(path: str | Path, source: str, limit: int, *, whole: bool) -> bytes:
+    """Up to ``limit`` + 1 bytes of a regular file (``whole``: of at most ``limit`` bytes)."""
     try:
-        _check_regular(os.stat(path), source, limit)
+        _check_regular(os.stat(path), source, limit, whole)
         # O_NONBLOCK: a FIFO swapped in after the stat opens at once instead of waiting for a
         # writer; fstat then refuses it.
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with open(descriptor, "rb") as handle:
-            _check_regular(os.fstat(handle.fileno()), source, limit)
-            data = handle.read(limit + 1)  # /proc files say size 0: read no more than the cap
+            _check_regular(os.fstat(handle.fileno()), source, limit, whole)
+            return handle.read(limit + 1)  # /proc files say size 0: read no more than the cap
     except ConfigError:
         raise
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read ({exc.strerror or exc})") from None
     except ValueError as exc:  # a NUL in the path
         raise ConfigError(f"{source}: cannot read ({exc})") from None
-    if len(data) > limit:
-        raise ConfigError(f"{source}: more than the {limit:,} bytes an input file may hold")
-    return data
 
 
-def _check_regular(info: os.stat_result, source: str, limit: int) -> None:
+def _check_regular(info: os.stat_result, source: str, limit: int, whole: bool) -> None:
     kind = next((name for test, name in _KINDS if test(info.st_mode)), None)
     if kind is not None or not stat.S_ISREG(info.st_mode):
+        how = "whole: a regular file of" if whole else "from a regular file,"
         raise ConfigError(
             f"{source}: {kind or 'a special file'}, not a regular file (an input file is read "
-            f"whole: a regular file of at most {limit:,} bytes)"
+            f"{how} at most {limit:,} bytes)"
         )
-    if info.st_size > limit:
+    if whole and info.st_size > limit:
         raise ConfigError(
             f"{source}: {info.st_size:,} bytes, more than the {limit:,} an input file may hold"
         )

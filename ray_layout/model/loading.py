@@ -1,5 +1,6 @@
 """One entry point for every kind of CONFIG: this project's YAML/JSON, a Hugging Face config.json,
-a Megatron launch script or model file, or a Megatron command line given as text."""
+a Megatron run log, a Megatron launch script or model file, or a Megatron command line given as
+text."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ray_layout.errors import ConfigError, quoted
-from ray_layout.model.files import read_mapping
+from ray_layout.model.dialects import table_of
+from ray_layout.model.files import read_log_opening, read_mapping
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.megatron_args import check_arguments, unknown_flags_note
 from ray_layout.model.megatron_recipe import (
@@ -16,18 +18,22 @@ from ray_layout.model.megatron_recipe import (
     load_megatron_command_line,
     load_megatron_script,
 )
+from ray_layout.model.run_log import holds_arguments_block, load_run_log
 from ray_layout.model.spec import Recipe, load_recipe_file, with_parallel
 
 
 def load_recipe(source: str, overrides: Overrides | None = None) -> Recipe:
-    """Dispatch on what ``source`` is: a file by its suffix (and, for .json, by its keys), else the
-    text of a Megatron command line; ``overrides`` replace the config's sizes (in a launch
-    script, before anything is checked).  The user's own Megatron flags (a script's, or
+    """Dispatch on what ``source`` is: a file by its suffix (and, for .json, by its keys; any
+    other file holding Megatron's arguments block is a run log), else the text of a Megatron
+    command line; ``overrides`` replace the config's sizes (in a launch script, before anything
+    is checked).  The user's own Megatron flags (a script's, or
     ``megatron_args:``) are checked against Megatron's flag table here, before any GPU is taken;
     a flag the table does not know is kept, with a note."""
     overrides = overrides or Overrides()
     recipe = _load(source, overrides)
-    unknown = check_arguments(recipe.megatron_args, f"{source}: megatron_args", keep_unknown=True)
+    table = table_of(recipe.dialect)  # a fork's flags parse by its own table
+    source_args = f"{source}: megatron_args"
+    unknown = check_arguments(recipe.megatron_args, source_args, table, keep_unknown=True)
     if unknown and not any("unknown to Megatron" in note for note in recipe.notes):
         recipe = replace(recipe, notes=(*recipe.notes, unknown_flags_note(unknown, source)))
     return recipe
@@ -45,6 +51,9 @@ def _load(source: str, overrides: Overrides) -> Recipe:
             if not _is_hf_config(read_mapping(path, source)):
                 return _sized(load_recipe_file(path), overrides)
             return _sized(load_hf_config(path), overrides)
+        opening = read_log_opening(path, source)
+        if holds_arguments_block(opening):
+            return load_run_log(opening, source, path.stem, overrides)
         return load_megatron_script(path, overrides)
     if "--num-layers" in source:
         return load_megatron_command_line(source, overrides=overrides)

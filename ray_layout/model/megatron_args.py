@@ -185,16 +185,20 @@ def unknown_flags_note(flags: Sequence[str], source: str) -> str:
 
 
 def parse_flags(
-    words: Sequence[str], source: str, unresolved: Sequence[bool] | None = None
+    words: Sequence[str],
+    source: str,
+    unresolved: Sequence[bool] | None = None,
+    table: FlagTable | None = None,
 ) -> dict[str, Any]:
-    """Megatron's argparse over a command's arguments: dest -> typed value, the last one winning.
+    """Megatron's argparse over a command's arguments: dest -> typed value, the last one winning
+    (``table``: a fork's, else core's).
 
     Words that no flag takes, and flags the table does not know, are skipped.  A word marked in
     ``unresolved`` (a value the job's environment gives) keeps its text untyped: it is an error
     only for a flag this tool uses.
     """
     parsed: dict[str, Any] = {}
-    for use in walk_flags(words, source, strict=False, keep_unknown=True):
+    for use in walk_flags(words, source, strict=False, table=table, keep_unknown=True):
         entry = use.entry
         if not use.known:
             continue

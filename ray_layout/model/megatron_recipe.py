@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ray_layout.errors import ConfigError, LayoutError
+from ray_layout.model.dialects import CORE, Dialect, ReadContext, dialect_of, looks_like_shape
 from ray_layout.model.fields import MEGATRON_DEFAULTS, MODEL_FIELDS, MODEL_KEYS
 from ray_layout.model.files import read_text
 from ray_layout.model.megatron_args import (
+    FlagTable,
     FlagUse,
     UnresolvedArgument,
     megatron_flag_table,
@@ -32,7 +34,7 @@ from ray_layout.model.spec import PARALLEL_KEYS, Recipe, build_recipe
 from ray_layout.model.split import PipelineSplit, current_layout, virtual_pipeline_size
 from ray_layout.shell.launch import LaunchReading, read_launch
 from ray_layout.shell.refusal import ShellError
-from ray_layout.shell.script import ExpandedWord
+from ray_layout.shell.values import ExpandedWord
 
 _PARALLEL_FIELDS = {
     "tensor_model_parallel_size": "tp",
@@ -79,6 +81,7 @@ class Overrides:
 
     environment: Mapping[str, str] = field(default_factory=dict)
     sizes: Mapping[str, int] = field(default_factory=dict)
+    arguments: tuple[str, ...] | None = None  # the script's own ($1 ...), given after --
 
 
 _OVERRIDE_DESTS = {field: dest for dest, field in _PARALLEL_FIELDS.items()} | {
@@ -102,27 +105,65 @@ def load_megatron_script(path: str | Path, overrides: Overrides | None = None) -
     return _load(text, str(path), path.stem, overrides or Overrides())
 
 
+def _without_vanished(
+    arguments: tuple[ExpandedWord, ...], table: FlagTable
+) -> tuple[ExpandedWord, ...]:
+    """The launch's words as bash passes them: an unset variable alone (``$EXTRA_ARGS``) is no
+    word, unless it stands where a flag's value goes (``--nnodes $NNODES``), where it stays,
+    for the error to name it."""
+    kept: list[ExpandedWord] = []
+    for word in arguments:
+        before = kept[-1].text if kept else ""
+        takes_value = table.get(before, {}).get("nargs", 0) != 0 and "=" not in before
+        if word.vanishes and not takes_value:
+            continue
+        kept.append(word)
+    return tuple(kept)
+
+
+def _sourced_file(path: str) -> str | None:
+    """A file the script ``source``s, read as every input file is; None where there is none
+    (the reader then says what it may have set is unknown)."""
+    if not Path(path).is_file():
+        return None
+    return read_text(Path(path), path)
+
+
 def _load(text: str, source: str, name: str, overrides: Overrides) -> Recipe:
     """The recipe, carrying the script's flags as the user's own (``Recipe.megatron_args``: a
     profiling run is the user's job) and what the job's environment gets
     (``Recipe.environment``: NCCL and CUDA settings change what a run measures)."""
     try:
-        launch = read_launch(text, source, overrides.environment)
+        launch = read_launch(
+            text, source, overrides.environment, overrides.arguments, _sourced_file
+        )
     except ShellError as exc:
         raise ConfigError(str(exc)) from None
     words = [w.text for w in launch.arguments]
     unresolved = [w.unknown is not None for w in launch.arguments]  # `--x=$UNSET` too
-    parsed = parse_flags(words, source, unresolved)
+    entry_point = _entry_point(launch)
+    dialect = dialect_of(words, entry_point, source)
+    table = dialect.table()
+    launch = replace(launch, arguments=_without_vanished(launch.arguments, table))
+    words = [w.text for w in launch.arguments]
+    unresolved = [w.unknown is not None for w in launch.arguments]
+    parsed = parse_flags(words, source, unresolved, table)
     notes = list(launch.notes)
     parsed, split_note = _with_overrides(parsed, overrides)
     notes += [split_note] if split_note else []
+    given = frozenset(_OVERRIDE_DESTS[k] for k in overrides.sizes if k in _OVERRIDE_DESTS)
+    reading = dialect.read(ReadContext(parsed, given, entry_point, source))
+    parsed = {**parsed, **reading.values}
+    if dialect is not CORE:
+        said = ", ".join(dialect.marks(words, entry_point)[:3])
+        notes.append(f"{source}: read as {dialect.name}'s command line ({said})")
+    notes += reading.notes
     world = None if "dp" in overrides.sizes else _world_size(launch.launcher, source)
-    recipe = _recipe(parsed, world, name, source, launch, overrides)
+    recipe = _recipe(parsed, world, name, source, launch, overrides, table, reading.parallel)
     if "dp" in overrides.sizes:
         recipe = replace(recipe, parallel=replace(recipe.parallel, dp=overrides.sizes["dp"]))
-    flags, unknown, left_out = _user_flags(launch.arguments, source)
-    if unknown:
-        notes.append(unknown_flags_note(unknown, source))
+    flags, unknown, left_out = _user_flags(launch.arguments, source, table)
+    notes += _unknown_flags(unknown, dialect, source)
     if launch.prefixed:
         notes.append(
             f"{source}: the launch line sets {', '.join(launch.prefixed)} for the job: "
@@ -135,7 +176,27 @@ def _load(text: str, source: str, name: str, overrides: Overrides) -> Recipe:
         unresolved_environment=launch.unresolved_environment,
         unresolved_arguments=left_out,
         notes=tuple(notes),
+        dialect="" if dialect is CORE else dialect.name,
     )
+
+
+def _entry_point(launch: LaunchReading) -> str:
+    """The Python file the launch runs (a fork's entry point tells its model code apart); ""
+    for a model file."""
+    return launch.entry.text if launch.entry is not None else ""
+
+
+def _unknown_flags(unknown: Sequence[str], dialect: Dialect, source: str) -> list[str]:
+    """Flags no table knows: one whose name speaks of the model's shape is an error (the model
+    may be another than the one sized), the rest one note."""
+    shaped = [flag for flag in unknown if looks_like_shape(flag)]
+    if shaped:
+        whose = "Megatron core_v0.16.1's flag table" if dialect is CORE else f"{dialect.name}'s"
+        raise ConfigError(
+            f"{source}: {shaped[0]} is not in {whose} flags and may change the model's size "
+            "(its name says so); this tool cannot size it"
+        )
+    return [unknown_flags_note(unknown, source)] if unknown else []
 
 
 def _with_overrides(
@@ -162,7 +223,7 @@ def _with_overrides(
 
 
 def _user_flags(
-    arguments: Sequence[ExpandedWord], source: str
+    arguments: Sequence[ExpandedWord], source: str, table: FlagTable | None = None
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[UnresolvedArgument, ...]]:
     """(the user's flags as words, the flags the table does not know, and the flags whose value
     the job's environment gives)."""
@@ -171,7 +232,7 @@ def _user_flags(
     left_out: list[UnresolvedArgument] = []
     unknown: list[str] = []
     taken: set[int] = set()
-    for use, reason in _uses(arguments, source):
+    for use, reason in _uses(arguments, source, table):
         taken.update(use.span)
         if reason:
             text = " ".join(words[i] for i in use.span)
@@ -224,9 +285,12 @@ def _recipe(
     source: str,
     launch: LaunchReading,
     overrides: Overrides,
+    table: FlagTable | None = None,
+    forks_parallel: Mapping[str, Any] | None = None,
 ) -> Recipe:
-    """Megatron's parsed arguments as this project's model, parallel and split fields."""
-    lines = _flag_lines(launch.arguments)
+    """Megatron's parsed arguments as this project's model, parallel and split fields (with a
+    fork's parallel facts, ``forks_parallel``, in place)."""
+    lines = _flag_lines(launch.arguments, table)
     for dest, value in parsed.items():
         if dest in _USED and isinstance(value, str) and dest in lines and lines[dest][1]:
             line, reason = lines[dest]
@@ -242,6 +306,7 @@ def _recipe(
     if values.get("tokenizer_type") == "NullTokenizer" and "vocab_size" not in overrides.sizes:
         model["vocab_size"] += 1  # NullTokenizer adds an end-of-document token to --vocab-size
     parallel = {field: values[dest] for dest, field in _PARALLEL_FIELDS.items() if dest in values}
+    parallel |= forks_parallel or {}
     parallel.setdefault("etp", parallel.get("tp", 1))  # Megatron: expert TP defaults to TP
     split = PipelineSplit(**{f: values[d] for d, f in _SPLIT_FIELDS.items() if d in values})
     pp = parallel.get("pp", 1)
@@ -254,7 +319,9 @@ def _recipe(
         parallel["vpp"] = vpp
     model_parallel = parallel.get("tp", 1) * parallel.get("cp", 1) * pp
     if world is None:  # unknown: the smallest DP that the expert grid allows (1 without EP)
-        world = math.lcm(model_parallel, parallel["etp"] * parallel.get("ep", 1) * pp)
+        grid = parallel["etp"] * pp  # DeepSpeed's expert groups split each TP rank's DP
+        grid = model_parallel if parallel.get("expert_groups") == "deepspeed" else grid
+        world = math.lcm(model_parallel, grid * parallel.get("ep", 1))
     if world % model_parallel:
         raise ConfigError(
             f"{source}: torchrun world size {world} is not divisible by TP·CP·PP = {model_parallel}"
@@ -278,24 +345,30 @@ def _recipe(
     return replace(recipe, split=split)
 
 
-def _flag_lines(arguments: Sequence[ExpandedWord]) -> dict[str, tuple[int, str | None]]:
+def _flag_lines(
+    arguments: Sequence[ExpandedWord], table: FlagTable | None = None
+) -> dict[str, tuple[int, str | None]]:
     """dest -> (line, why its value is unknown, or None) of each known flag's last use."""
     return {
         use.entry["dest"]: (arguments[use.position].line, reason)
-        for use, reason in _uses(arguments, "arguments", missing_too=True)
+        for use, reason in _uses(arguments, "arguments", table, missing_too=True)
         if use.known
     }
 
 
 def _uses(
-    arguments: Sequence[ExpandedWord], source: str, *, missing_too: bool = False
+    arguments: Sequence[ExpandedWord],
+    source: str,
+    table: FlagTable | None = None,
+    *,
+    missing_too: bool = False,
 ) -> Iterator[tuple[FlagUse, str | None]]:
     """Each flag of the arguments as Megatron's argparse takes it, with why one of its words is
     not known here (a value the job's environment gives), if so; ``missing_too``: also a word
     with a variable nothing set in it (``--x=$UNSET``, a value this tool needs).  Passed on, such
     a word is what bash would pass."""
     words = [w.text for w in arguments]
-    for use in walk_flags(words, source, strict=False, keep_unknown=True):
+    for use in walk_flags(words, source, strict=False, table=table, keep_unknown=True):
         reasons = (
             arguments[i].unknown if missing_too else arguments[i].unresolved for i in use.span
         )

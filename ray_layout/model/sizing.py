@@ -119,25 +119,54 @@ def _sinks(model: ModelSpec) -> int:
     return model.num_attention_heads if model.softmax_type == "learnable" else 0
 
 
-def decoder_layer_params(model: ModelSpec, moe: bool) -> Params:
-    """One transformer layer: input norm, attention, pre-MLP norm, MLP or MoE block."""
+def decoder_layer_params(model: ModelSpec, moe: bool, experts: int | None = None) -> Params:
+    """One transformer layer: input norm, attention, pre-MLP norm, MLP or MoE block (of
+    ``experts`` routed experts: num_experts unless given)."""
     h = model.hidden_size
     norms = Params(replicated=2 * _norm(model, h))
     if not moe:
         return norms + attention_params(model) + _mlp(model, h, model.ffn_hidden_size)
+    return norms + attention_params(model) + moe_block_params(model, experts)
+
+
+def moe_block_params(model: ModelSpec, experts: int | None = None) -> Params:
+    """The MoE block of one layer: router, routed experts, shared expert (and its gate), or
+    DeepSpeed-MoE's PR-MoE residual MLP."""
+    h = model.hidden_size
+    count = model.num_experts if experts is None else experts
     expert = _mlp(model, h, model.moe_ffn_hidden_size)
+    routed = Params(expert=expert.total * count, active_expert=expert.total * model.moe_router_topk)
+    if model.moe_block == "deepspeed":
+        # deepspeed.moe: TopKGate's Linear(h, E) has no bias; PR-MoE keeps the expert-shaped MLP
+        # beside them and a Linear(h, 2) that mixes the two; neither is split by TP
+        # (Megatron-DeepSpeed builds them as experts: ParallelMLP(moe=True)).
+        gate = Params(replicated=count * h)
+        residual = Params(replicated=expert.total + 2 * h + 2) if model.moe_residual else Params()
+        return gate + routed + residual
     # The router's bias exists under --add-bias-linear (megatron-core's TopKRouter).
-    router = Params(replicated=model.num_experts * (h + model.add_bias_linear))
-    shared = (
-        _mlp(model, h, model.moe_shared_expert_intermediate_size)
-        if model.moe_shared_expert_intermediate_size
-        else Params()
-    )
-    experts = Params(
-        expert=expert.total * model.num_experts,
-        active_expert=expert.total * model.moe_router_topk,
-    )
-    return norms + attention_params(model) + router + shared + experts
+    router = Params(replicated=count * (h + model.add_bias_linear))
+    shared = Params()
+    if model.moe_shared_expert_intermediate_size:
+        shared = _mlp(model, h, model.moe_shared_expert_intermediate_size)
+        # SharedExpertMLP's gate_weight, (1, h), under --moe-shared-expert-gate.
+        shared = shared + Params(replicated=h * model.moe_shared_expert_gate)
+    return router + shared + routed
+
+
+def layer_params(model: ModelSpec) -> list[Params]:
+    """Each decoder layer's parameters in order: its kind, its own expert count (DeepSpeed's
+    pyramid), nothing for a MindSpeed no-op layer."""
+    cache: dict[int, Params] = {}  # by expert count, 0 for a dense layer
+    noop = set(model.noop_layers)
+    out = []
+    for index, experts in enumerate(model.experts_per_layer):
+        if index in noop:
+            out.append(Params())
+            continue
+        if experts not in cache:
+            cache[experts] = decoder_layer_params(model, bool(experts), experts or None)
+        out.append(cache[experts])
+    return out
 
 
 def _attention_flops_per_token(model: ModelSpec) -> float:
@@ -168,7 +197,7 @@ def _mlp_flops_per_token(model: ModelSpec, moe: bool) -> float:
     if not moe:
         return 2 * model.hidden_size * model.ffn_hidden_size * gated
     ffn = (
-        model.moe_ffn_hidden_size * model.moe_router_topk
+        model.moe_ffn_hidden_size * (model.moe_router_topk + model.moe_residual)
         + model.moe_shared_expert_intermediate_size
     )
     return 2 * model.hidden_size * ffn * gated
@@ -189,8 +218,12 @@ def unit_sizes(model: ModelSpec, micro_batch_size: int = 1, tp: int = 1) -> dict
     vocab = model.padded_vocab_size(tp)
     tokens = micro_batch_size * model.seq_length
     sizes: dict[str, UnitSize] = {}
+    # Learned positions are a plain torch Embedding, whole on every TP rank (the vocabulary is
+    # split): Megatron's "number of parameters on (tensor, pipeline) model parallel rank" counts
+    # them on each.
     positions = model.max_position_embeddings * h
-    sizes[EMBEDDING] = UnitSize(EMBEDDING, Params(tp_sharded=vocab * h + positions), 0.0)
+    embedding = Params(tp_sharded=vocab * h, replicated=positions)
+    sizes[EMBEDDING] = UnitSize(EMBEDDING, embedding, 0.0)
     kinds = sorted(set(model.moe_layer_pattern), reverse=True)
     for moe in kinds:
         name = DECODER if len(kinds) == 1 else (MOE_DECODER if moe else DENSE_DECODER)
@@ -266,8 +299,8 @@ def parameter_count(model: ModelSpec) -> ParameterCount:
     output = sizes[LOSS].params if model.untie_embeddings_and_output_weights else Params()
     embedding = sizes[EMBEDDING].params.total
     body = sizes[EMBEDDING].params + final_norm_params(model) + output
-    for index in range(model.num_layers):
-        body = body + sizes[decoder_unit(model, index)].params
+    for params in layer_params(model):
+        body = body + params
     mtp = sizes[MTP].params.total * model.mtp_num_layers if model.mtp_num_layers else 0
     return ParameterCount(
         total=body.total,
@@ -284,7 +317,12 @@ def parameter_count(model: ModelSpec) -> ParameterCount:
 def training_flops_per_iteration(model: ModelSpec, global_batch_size: int) -> float:
     """Megatron's ``num_floating_point_operations`` for one iteration, from the unit sizes."""
     sizes = unit_sizes(model, micro_batch_size=global_batch_size)
-    flops = sum(sizes[decoder_unit(model, i)].training_flops for i in range(model.num_layers))
+    noop = set(model.noop_layers)
+    flops = sum(
+        sizes[decoder_unit(model, i)].training_flops
+        for i in range(model.num_layers)
+        if i not in noop
+    )
     if model.mtp_num_layers:
         flops += sizes[MTP].training_flops * model.mtp_num_layers
     return flops + sizes[LOSS].training_flops
@@ -329,6 +367,8 @@ def stage_sizes(
     """
     stages = list(stages)
     sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
+    layers = layer_params(model)
+    noop = set(model.noop_layers)
     pp = parallel.pp
     totals = [Params()] * pp
     flops = [0.0] * pp
@@ -337,12 +377,14 @@ def stage_sizes(
         rank = flat_index % pp
         for symbol in stage:
             if symbol == "t":
-                unit = sizes[decoder_unit(model, decoder_index)]
-                decoder_index += 1
+                index, decoder_index = decoder_index, decoder_index + 1
                 if decoder_index == model.num_layers and model.mtp_num_layers:
                     totals[rank] = totals[rank] + final_norm_params(model)
-            else:
-                unit = sizes[symbol]
+                totals[rank] = totals[rank] + layers[index]
+                if index not in noop:  # a no-op layer computes nothing
+                    flops[rank] += sizes[decoder_unit(model, index)].forward_flops
+                continue
+            unit = sizes[symbol]
             if symbol == LOSS:
                 tied_single_stage = pp == 1 and model.tied_embeddings
                 if not model.mtp_num_layers:

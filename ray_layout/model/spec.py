@@ -8,7 +8,6 @@ fills Megatron's defaults and rejects contradictions with one-line :class:`Confi
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -27,7 +26,9 @@ from ray_layout.model.fields import (
     take,
 )
 from ray_layout.model.files import read_mapping
+from ray_layout.model.fork_fields import check_fork_fields
 from ray_layout.model.megatron_args import UnresolvedArgument
+from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
 from ray_layout.model.split import PipelineSplit
 
 
@@ -70,9 +71,19 @@ class ModelSpec:
     moe_ffn_hidden_size: int = 0
     moe_router_topk: int = 0
     moe_shared_expert_intermediate_size: int = 0
+    moe_shared_expert_gate: bool = False  # a learned gate on the shared expert: h weights
     moe_layer_pattern: tuple[bool, ...] = ()
     mtp_num_layers: int = 0
     mla: MLAConfig | None = None
+    # What Megatron's forks build beyond megatron-core (ray_layout/model/dialects):
+    # DeepSpeed-MoE's routed experts of each MoE layer in order, where they differ (PR-MoE's
+    # pyramid); () is num_experts on every MoE layer, and num_experts is the largest.
+    moe_layer_experts: tuple[int, ...] = ()
+    # Whose MoE block: "megatron" (megatron-core's MoELayer) or "deepspeed"
+    # (deepspeed.moe.layer.MoE: a TopKGate without bias, experts outside TP).
+    moe_block: str = "megatron"
+    moe_residual: bool = False  # DeepSpeed's PR-MoE: a dense MLP beside the experts, mixed 2-way
+    noop_layers: tuple[int, ...] = ()  # MindSpeed's no-op layers (0-based): no parameters
 
     @property
     def gated_linear_unit(self) -> bool:
@@ -93,6 +104,13 @@ class ModelSpec:
     def mtp_layer_is_moe(self) -> bool:
         """Megatron builds each MTP layer with the spec of the last decoder layer."""
         return bool(self.moe_layer_pattern) and self.moe_layer_pattern[-1]
+
+    @property
+    def experts_per_layer(self) -> tuple[int, ...]:
+        """The routed experts of each decoder layer (0 for a dense one): num_experts on every
+        MoE layer, or DeepSpeed-MoE's count of each in order."""
+        counts = iter(self.moe_layer_experts or (self.num_experts,) * self.num_moe_layers)
+        return tuple(next(counts) if moe else 0 for moe in self.moe_layer_pattern)
 
     def padded_vocab_size(self, tensor_parallel: int = 1) -> int:
         """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
@@ -117,6 +135,10 @@ class ParallelConfig:
     micro_batch_size: int = 1
     global_batch_size: int = 0
     use_distributed_optimizer: bool = True
+    # Whose expert groups: "megatron" (megatron-core's grid of ETP x EP x expert-DP x PP over the
+    # world) or "deepspeed" (deepspeed/utils/groups.py: each TP rank's DP group split into EP x
+    # expert-DP, the experts whole on every TP rank).
+    expert_groups: str = "megatron"
 
     @property
     def world_size(self) -> int:
@@ -124,7 +146,11 @@ class ParallelConfig:
 
     @property
     def expert_dp(self) -> int:
-        """Data-parallel size of the expert parameters: world / (ETP x EP x PP)."""
+        """Data-parallel size of the expert parameters, over which the distributed optimizer (or
+        DeepSpeed's ZeRO) shards their state: world / (ETP x EP x PP) in megatron-core, DP / EP
+        in DeepSpeed, whose expert-data-parallel groups hold one TP rank each."""
+        if self.expert_groups == "deepspeed":
+            return self.dp // self.ep
         return self.world_size // (self.etp * self.ep * self.pp)
 
     @property
@@ -168,6 +194,7 @@ class Recipe:
     # the user's flags whose value the job's environment gives: left out of megatron_args; a run
     # refuses them unless the tuner owns them
     unresolved_arguments: tuple[UnresolvedArgument, ...] = ()
+    dialect: str = ""  # the Megatron fork whose command line it is ("" for Megatron-LM's)
 
 
 __all__ = [
@@ -177,80 +204,13 @@ __all__ = [
     "MAX_PIPELINE_STAGES",
     "MAX_WORLD_SIZE",
     "MODEL_KEYS",
+    "parse_moe_layer_freq",
 ]
 # The ModelSpec fields a loader gives as they are (the table's entries; the rest are derived).
 _SPEC_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name in FIELD)
 PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
 # The integer sizes of a run's shape, as a ``runs`` row holds them (without the batch).
 PARALLEL_SIZES = ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")
-
-
-def parse_moe_layer_freq(
-    value: int | str | list[int], num_layers: int, *, source: str
-) -> tuple[bool, ...]:
-    """Megatron's ``--moe-layer-freq``: an int N (every N-th layer is MoE, starting at layer 0)
-    or a list, given directly or as a Python expression such as ``([0]*3+[1]*58)``.
-
-    The expression is evaluated over its syntax tree (lists of 0/1, ``+`` and ``*``), never eval.
-    """
-    where = f"{source}: moe_layer_freq"
-    if isinstance(value, bool) or not isinstance(value, int | str | list | tuple):
-        raise ConfigError(f"{where} must be an int or a list, got {quoted(value)}")
-    if isinstance(value, int):
-        if value < 1:
-            raise ConfigError(f"{where} must be >= 1, got {quoted(value)}")
-        return tuple(i % value == 0 for i in range(num_layers))
-    pattern = _list_expression(value, where) if isinstance(value, str) else list(value)
-    if isinstance(pattern, int):
-        return parse_moe_layer_freq(pattern, num_layers, source=source)
-    if len(pattern) != num_layers:
-        raise ConfigError(f"{where} has {len(pattern)} entries but num_layers is {num_layers}")
-    if any(x not in (0, 1) or isinstance(x, float) for x in pattern):
-        raise ConfigError(f"{where} entries must be 0 or 1, got {quoted(pattern)}")
-    return tuple(bool(x) for x in pattern)
-
-
-_MAX_PATTERN_LENGTH = 100_000
-
-
-def _list_expression(text: str, where: str) -> list[int] | int:
-    shown = quoted(text)
-
-    def value(node: ast.AST) -> list[int] | int:
-        result = operation(node)
-        # Bounding every intermediate keeps hostile input from allocating (or printing) huge values.
-        if (len(result) if isinstance(result, list) else result) > _MAX_PATTERN_LENGTH:
-            raise ConfigError(f"{where} {shown} is too large")
-        return result
-
-    def operation(node: ast.AST) -> list[int] | int:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.List):
-            items = [value(x) for x in node.elts]
-            if not all(isinstance(x, int) for x in items):
-                raise ConfigError(f"{where} {shown}: nested lists are not allowed")
-            return items
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
-            left, right = value(node.left), value(node.right)
-            if isinstance(node.op, ast.Add) and type(left) is type(right):
-                return left + right
-            if isinstance(node.op, ast.Mult):
-                times, items = (right, left) if isinstance(left, list) else (left, right)
-                if isinstance(items, list) and isinstance(times, int):
-                    if len(items) * max(times, 0) > _MAX_PATTERN_LENGTH:
-                        raise ConfigError(f"{where} {shown} is too long")
-                    return items * times
-                if isinstance(items, int) and isinstance(times, int):
-                    return items * times
-        raise ConfigError(f"{where} {shown}: only integers, lists, '+' and '*' are allowed")
-
-    try:
-        return value(ast.parse(text.strip(), mode="eval").body)
-    except SyntaxError:
-        raise ConfigError(f"{where} {shown} is not an int or a list expression") from None
-    except RecursionError:
-        raise ConfigError(f"{where} {shown} is nested too deeply") from None
 
 
 def build_recipe(
@@ -305,6 +265,7 @@ def build_recipe(
             "learned_absolute with mtp_num_layers)"
         )
     pattern = _moe_pattern(raw, v, source)
+    check_fork_fields(v, pattern, source)
     mla = None
     if take(raw, "multi_latent_attention", source=source):
         names = [f.name for f in fields(MLAConfig)]
@@ -315,7 +276,14 @@ def build_recipe(
 
 
 _SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")  # Megatron's --softmax-type choices
-_MOE_ONLY = ("moe_router_topk", "moe_shared_expert_intermediate_size", "moe_layer_freq")
+_MOE_ONLY = (
+    "moe_router_topk",
+    "moe_shared_expert_intermediate_size",
+    "moe_layer_freq",
+    "moe_shared_expert_gate",
+    "moe_residual",
+    "moe_layer_experts",
+)
 
 
 def _moe_pattern(raw: dict[str, Any], v: dict[str, Any], source: str) -> tuple[bool, ...]:
@@ -323,7 +291,7 @@ def _moe_pattern(raw: dict[str, Any], v: dict[str, Any], source: str) -> tuple[b
     one is an error)."""
     num_layers, num_experts = v["num_layers"], v["num_experts"]
     if not num_experts:
-        moe_only = [k for k in _MOE_ONLY if raw.get(k) not in (None, 0)]
+        moe_only = [k for k in _MOE_ONLY if raw.get(k)]  # 0, false and [] are unset
         if moe_only:
             raise ConfigError(f"{source}: {', '.join(moe_only)} set but num_experts is 0")
         v.update(dict.fromkeys((*_MOE_ONLY[:2], "moe_ffn_hidden_size"), 0))
@@ -347,7 +315,7 @@ def build_parallel(
         raise ConfigError(f"{source}: unknown parallel field(s): {clipped(', '.join(unknown))}")
     sizes = {}
     for f in fields(ParallelConfig):
-        if f.name == "use_distributed_optimizer":
+        if f.name in ("use_distributed_optimizer", "expert_groups"):
             continue
         bound = MAX_DIMENSION if f.name == "global_batch_size" else MAX_PARALLEL_SIZE
         given = raw.get(f.name)
@@ -364,9 +332,16 @@ def build_parallel(
     distopt = (
         True if given is None else checked("use_distributed_optimizer", given, bool, source=source)
     )
-    parallel = ParallelConfig(**sizes, use_distributed_optimizer=distopt)
+    groups = raw.get("expert_groups") or "megatron"
+    if groups not in _EXPERT_GROUPS:
+        shown = quoted(groups)
+        raise ConfigError(f"{source}: expert_groups must be megatron or deepspeed, not {shown}")
+    parallel = ParallelConfig(**sizes, use_distributed_optimizer=distopt, expert_groups=groups)
     check_parallel(model, parallel, source=source)
     return parallel
+
+
+_EXPERT_GROUPS = ("megatron", "deepspeed")
 
 
 def check_parallel(model: ModelSpec, parallel: ParallelConfig, *, source: str) -> None:
@@ -381,8 +356,13 @@ def check_parallel(model: ModelSpec, parallel: ParallelConfig, *, source: str) -
         )
     if p.ep > 1 and not model.num_experts:
         raise ConfigError(f"{source}: expert parallel size {p.ep} set on a model without experts")
-    if model.num_experts and model.num_experts % p.ep:
-        raise ConfigError(f"{source}: num_experts {model.num_experts} not divisible by EP {p.ep}")
+    for experts in sorted(set(model.moe_layer_experts or (model.num_experts,))):
+        if experts and experts % p.ep:
+            raise ConfigError(f"{source}: num_experts {experts} not divisible by EP {p.ep}")
+    if p.expert_groups == "deepspeed" and p.dp % p.ep:  # deepspeed/utils/groups.py
+        raise ConfigError(
+            f"{source}: DeepSpeed's expert groups split DP {p.dp} by EP {p.ep}: not divisible"
+        )
     if p.world_size % (p.etp * p.ep * p.pp):
         raise ConfigError(
             f"{source}: world size {p.world_size} (TP·CP·DP·PP) not divisible by "

@@ -14,7 +14,9 @@ from ray_layout.shell.state import Scope, State
 from ray_layout.shell.syntax import Simple, assignment_target, assignment_value
 from ray_layout.shell.tokens import ArrayLiteral, Literal, Word
 from ray_layout.shell.values import (
+    GAP,
     ExpandedWord,
+    Gap,
     Text,
     Unresolved,
     Value,
@@ -107,20 +109,17 @@ def _element_assignment(
         return old
     if isinstance(value, Unresolved):
         return value
-    items = list(elements(old)) if old is not None else []
-    if isinstance(old, Text) and not old.text:
-        items = [old]
+    items = list(old) if isinstance(old, tuple) else [old] if isinstance(old, Text) else []
     position = array_index(index, scope, f"{name}[{index}]")
     if isinstance(position, Unresolved):
         return Unresolved(f"{name}[{index}]: {position.reason}")
     position += len(items) if position < 0 else 0
     assert isinstance(value, Text)
-    if 0 <= position < len(items):
-        items[position] = items[position] + value if append else value
-    elif position == len(items):
-        items.append(value)
-    else:
-        return Unresolved(f"{name}[{index}]: an array with gaps, which this reader does not hold")
+    if position < 0:
+        return Unresolved(f"{name}[{index}]: bad array subscript")
+    items += [GAP] * (position + 1 - len(items))  # A[5]=x past the end leaves gaps, as in bash
+    grown = items[position] + value if append and not isinstance(items[position], Gap) else value
+    items[position] = grown
     return tuple(items)
 
 
@@ -134,7 +133,7 @@ def _appended(old: Value, value: Value) -> Value:
     if isinstance(value, Text):  # NAME+=x on an array appends to its first element
         first = elements(old)
         return ((first[0] + value), *first[1:]) if first else (value,)
-    return elements(old) + elements(value)
+    return (old if isinstance(old, tuple) else elements(old)) + elements(value)
 
 
 def _check_size(interp: Interpreter, value: Value, line: int) -> None:
@@ -160,6 +159,10 @@ def prefix_word(token: Word, scope: Scope) -> ExpandedWord:
     return expand_whole(token, scope)
 
 
+def _attribute(name: str, options: str, line: int) -> Unresolved:
+    return Unresolved(f"{name} -{options} (line {line}), an attribute this reader does not hold")
+
+
 def declaration(interp: Interpreter, name: str, node: Simple, state: State) -> Status:
     """``export``/``declare``/``local``/``readonly``: their arguments are assignments, never
     split; ``-x`` exports, ``-i`` makes an integer, ``-A`` an associative array (not held)."""
@@ -176,10 +179,18 @@ def declaration(interp: Interpreter, name: str, node: Simple, state: State) -> S
         ):
             options += token.plain[1:] if token.plain[0] == "-" else ""
             continue
-        if isinstance(token, Word) and assignment_target(token) is None:
+        target = assignment_target(token)
+        if target is not None and set(options) & set("lunc"):  # case or a name reference
+            state.store(target[0], _attribute(name, options, node.line), node.line)
+            continue
+        if isinstance(token, Word) and target is None:
             for word in interp.words([token], state):
                 if word.unresolved:
                     state.poison(f"{name} of {word.unresolved} (line {node.line})")
+                elif set(options) & set("lunc"):
+                    state.store(word.text, _attribute(name, options, node.line), node.line)
+                elif "i" in options:
+                    state.integers.add(word.text)
                 elif name == "export" or "x" in options:
                     state.exported.setdefault(word.text, node.line)
                 elif name == "local" and state.scopes and word.text not in state.scopes[-1]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ray_layout.errors import clipped
 from ray_layout.shell.conditions import DoubleBracket, NoAnswer, case_matches, evaluate_test
-from ray_layout.shell.expand import arithmetic_text, expand_whole
+from ray_layout.shell.expand import arithmetic_text, array_index, expand_whole
 from ray_layout.shell.flow import Break, Exit, Return, Status, Unknown
 from ray_layout.shell.printing import OUTPUT_BUILTINS
 from ray_layout.shell.state import State
@@ -25,11 +25,14 @@ from ray_layout.shell.syntax import (
 )
 from ray_layout.shell.tokens import Word
 from ray_layout.shell.values import (
+    GAP,
     ExpandedWord,
+    Gap,
     Text,
     Unresolved,
     not_set,
     readable,
+    split,
 )
 
 if TYPE_CHECKING:
@@ -163,13 +166,32 @@ def _unset(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: 
     for word in words[1:]:
         if word.text.startswith("-"):
             continue
+        element = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\[(.+)\]", word.text)
         if word.unresolved:
             state.poison(f"unset of {word.unresolved} (line {node.line})")
+        elif element:
+            _unset_element(interp, element[1], element[2], node, state)
         elif functions:
             state.functions.pop(word.text, None)
         else:
             state.remove(word.text)
     return 0
+
+
+def _unset_element(interp: Interpreter, name: str, index: str, node: Simple, state: State) -> None:
+    """``unset 'A[i]'``: the element leaves a gap; the indices after it stay."""
+    value = state.lookup(name)
+    items = value if isinstance(value, tuple) else (value,) if isinstance(value, Text) else ()
+    position = array_index(index, interp.scope(state), f"{name}[{index}]")
+    if isinstance(position, Unresolved) or isinstance(value, Unresolved):
+        state.store(name, Unresolved(f"unset {name}[{index}] (line {node.line})"), node.line)
+        return
+    position += len(items) if position < 0 else 0
+    if 0 <= position < len(items):
+        kept = (*items[:position], GAP, *items[position + 1 :])
+        while kept and isinstance(kept[-1], Gap):  # bash's next index follows the last set one
+            kept = kept[:-1]
+        state.store(name, kept, node.line)
 
 
 def _eval(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
@@ -217,11 +239,13 @@ def _source(interp: Interpreter, words: list[ExpandedWord], node: Simple, state:
     if len(words) > 2:
         state.positional = tuple(Text(w.text, w.offsets, w.missing) for w in words[2:])
     state.sources.insert(0, path)
+    interp.frames += 1
     try:
         return interp.run_text(Text.of(text), node.line, state, f"source {path}", source=path)
     except Return as returned:
         return returned.status
     finally:
+        interp.frames -= 1
         state.sources.pop(0)
         if len(words) > 2:
             state.positional = saved
@@ -239,12 +263,46 @@ def _exit(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: S
 
 def _return(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     status = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 0
+    if not interp.frames:  # outside a function or a sourced file: bash says so, and goes on
+        return 1
     raise Return(status)
 
 
 def _break(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     levels = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 1
+    if not interp.loops:  # outside a loop: bash says so, and goes on
+        return 0
     raise Break(max(levels, 1), again=words[0].text == "continue")
+
+
+def _read(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    """``read [-r] [-a ARRAY] NAMES <<< word``: the line split on IFS, the last name taking the
+    rest; from anywhere but a here-string, what only the running job has."""
+    line = whole_word(interp, node.herestring, state) if node.herestring else None
+    options = [w.text for w in words[1:] if w.text.startswith("-")]
+    names = [w.text for w in words[1:] if not w.text.startswith("-")]
+    if line is None or line.unresolved or set("".join(options)) - set("-ra"):
+        return _outside(interp, words, node, state)
+    ifs = interp.scope(state).get("IFS")
+    separators = ifs.text if isinstance(ifs, Text) else " \t\n"
+    fields = split(Text(line.text, line.offsets, line.missing), separators)
+    if "a" in "".join(options):
+        state.store(names[0], tuple(fields), node.line)
+        return 0
+    names = names or ["REPLY"]
+    for index, name in enumerate(names):
+        if index < len(names) - 1:
+            value = fields[index] if index < len(fields) else Text("", ())
+        else:  # the last name takes the rest of the line, as written between the fields
+            rest = fields[index:]
+            start = line.text.find(rest[0].text) if rest else -1
+            value = (
+                Text(line.text[start:].strip(separators), (), line.missing)
+                if rest
+                else Text("", ())
+            )
+        state.store(name, value, node.line)
+    return 0
 
 
 def _outside(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
@@ -278,6 +336,21 @@ def _exec(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: S
         return 0  # exec with redirections only
     status = interp.command(words[1:], node, state)
     raise Exit(status, f"line {node.line}: exec ends the script")
+
+
+def _shopt(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    """``shopt -s extglob`` (or another option of how words are read): what follows is read
+    differently by bash, so everything after is unknown here."""
+    changes = [w.text for w in words[1:] if not w.text.startswith("-")]
+    reading = {"nullglob", "failglob", "nocaseglob", "nocasematch", "expand_aliases"}
+    turned_on = "-s" in (w.text for w in words)
+    if turned_on and "extglob" in changes:
+        state.options.add("extglob")  # its patterns are refused where they appear
+    if turned_on and reading & set(changes):
+        state.poison(
+            f"shopt -s {' '.join(changes)} (line {node.line}), which this reader does not follow"
+        )
+    return 0
 
 
 def _not_followed(
@@ -319,20 +392,20 @@ BUILTINS: dict[str, Builtin] = {
     "return": _return,
     "break": _break,
     "continue": _break,
-    "read": _outside,
+    "read": _read,
     "getopts": _outside,
     "mapfile": _outside,
     "readarray": _outside,
     "command": _command,
     "builtin": _command,
     "exec": _exec,
+    "shopt": _shopt,
     **dict.fromkeys(
         [
             "trap",
             "ulimit",
             "umask",
             "wait",
-            "shopt",
             "hash",
             "alias",
             "unalias",

@@ -10,11 +10,14 @@ import re
 
 from ray_layout.errors import clipped
 from ray_layout.shell.arithmetic import evaluate_arithmetic
+from ray_layout.shell.braces import brace_words
 from ray_layout.shell.patterns import TRANSFORMS, edited, glob_regex, sliced
 from ray_layout.shell.tokens import Literal, Part, Reference, Substitution, Word
 from ray_layout.shell.values import (
     EMPTY,
     ExpandedWord,
+    Failed,
+    Gap,
     Text,
     Unresolved,
     Value,
@@ -24,6 +27,7 @@ from ray_layout.shell.values import (
     missing_of,
     missing_reason,
     not_set,
+    present,
     split,
 )
 
@@ -32,6 +36,9 @@ def expand(token: Word, variables: Variables) -> list[ExpandedWord]:
     """A word as bash passes it: unquoted expansions split on blanks, ``"${A[@]}"`` one word
     per element, an unquoted expansion to nothing no word at all.  A word with a value this
     reader does not have is one word, as written, with the reason."""
+    braced = brace_words(token)
+    if len(braced) > 1:
+        return [word for each in braced for word in expand(each, variables)]
     fields = _Fields(variables)
     try:
         fields.add(token.parts, variables, expanded=False)
@@ -111,10 +118,17 @@ class _Fields:
         each_element = (
             isinstance(part, Reference) and part.quoted and "@" in (part.index, part.name)
         )
-        unset = isinstance(value, Text) and not value.text and part.name in value.missing  # type: ignore[union-attr]
+        unset = (
+            each_element
+            and isinstance(value, Text)
+            and not value.text
+            and part.name in value.missing  # type: ignore[union-attr]
+        )
         if each_element and unset:  # "${A[@]}" of an unset A: no word, as of an empty array
             self.missing = tuple(n for n in self.missing if n != part.name)  # type: ignore[union-attr]
             return
+        if isinstance(value, tuple):
+            value = present(value)
         if isinstance(value, tuple) and each_element:
             for position, element in enumerate(value):
                 if position:
@@ -184,7 +198,7 @@ def expand_whole(token: Word, variables: Variables, *, holes: bool = False) -> E
         if isinstance(value, Literal):
             text += Text(value.text, value.offsets)
         elif isinstance(value, tuple):
-            text += join(list(value))
+            text += join(list(present(value)))
         else:
             text += value
     return ExpandedWord(text.text, token.line, text.offsets, text.unresolved, text.missing)
@@ -248,15 +262,21 @@ def arithmetic_text(body: str, variables: Variables, shown: str) -> Value:
     except _Unknown as exc:
         return Unresolved(f"{shown} uses {exc}")
     except ValueError as exc:
-        return Unresolved(f"{shown}: {exc}")
+        raise Failed(f"{shown}: {exc}", stops=False) from None
 
 
 def reference(part: Reference, variables: Variables) -> Value:
     name, operator = part.name, part.operator
     if operator == "unsupported":
         return Unresolved(f"{clipped(part.source)} (an expansion this reader does not evaluate)")
-    if name in _SHELL_ONLY:
+    if name in _SHELL_ONLY or (name == "?" and variables.get("?") is None):
         return Unresolved(f"{clipped(part.source)} (a value only a running shell has)")
+    if operator == "keys":
+        whole = variables.get(name)
+        if isinstance(whole, Unresolved):
+            return whole
+        items = whole if isinstance(whole, tuple) else (whole,) if whole is not None else ()
+        return tuple(Text.of(str(i)) for i, item in enumerate(items) if not isinstance(item, Gap))
     if operator == "length":
         whole = variables.get(name)
         if isinstance(whole, Unresolved):
@@ -266,7 +286,7 @@ def reference(part: Reference, variables: Variables) -> Value:
             return element if isinstance(element, Unresolved) else Text.of(str(_length(element)))
         if part.index is None and part.name not in ("@", "*"):
             return Text.of(str(_length(_value_of(part, variables))))  # ${#A}: of ${A[0]}
-        count = len(whole) if isinstance(whole, tuple) else len(whole.text) if whole else 0
+        count = len(present(whole)) if isinstance(whole, tuple) else len(whole.text) if whole else 0
         return Text.of(str(count))
     if takes_word(part, variables):
         word = expand_whole(Word(part.argument, 0, 0, 0), variables)
@@ -281,6 +301,11 @@ def reference(part: Reference, variables: Variables) -> Value:
     value = _value_of(part, variables)
     if isinstance(value, Unresolved):
         return value
+    if operator in (":?", "?"):
+        null = value is None or (operator == ":?" and isinstance(value, Text) and not value.text)
+        if null:
+            message = expand_whole(Word(part.argument, 0, 0, 0), variables).text
+            raise Failed(f"${name}: {message or 'parameter null or not set'}", stops=True)
     if operator in (":+", "+"):
         return EMPTY
     if operator == "!":
@@ -320,8 +345,14 @@ def _transform(part: Reference, value: Value, variables: Variables) -> Value:
         known = [n for n in numbers if isinstance(n, Text)]
         if len(known) < len(numbers):
             return next(n for n in numbers if isinstance(n, Unresolved))
+        if part.name in ("@", "*") and isinstance(value, tuple):  # ${@:0} starts at $0
+            zero = variables.get("0")
+            value = ((zero,) if isinstance(zero, Text) else (Text.of(""),)) + value
         return sliced(value, [int(n.text) for n in known], shown)
-    pattern = pattern_of(part.argument or (Literal("?", (-1,), False),), variables)
+    case_change = operator[0] in "^,"  # ${V^^} alone changes every character
+    pattern = pattern_of(
+        part.argument or (Literal("?" if case_change else "", (), False),), variables
+    )
     if isinstance(pattern, Unresolved):
         return pattern
     replacement = EMPTY
@@ -339,15 +370,24 @@ def pattern_of(parts: tuple[Part, ...], variables: Variables) -> re.Pattern[str]
     pieces: list[str] = []
     for part in parts:
         if isinstance(part, Literal):
-            pieces.append(re.escape(part.text) if part.quoted else glob_regex(part.text))
+            try:
+                pieces.append(re.escape(part.text) if part.quoted else glob_regex(part.text))
+            except re.error as exc:
+                return Unresolved(f"a pattern this reader does not read ({exc})")
             continue
         value = part_value(part, variables)
         if isinstance(value, Unresolved):
             return value
-        text = join(list(value), " ") if isinstance(value, tuple) else value
+        text = join(list(present(value)), " ") if isinstance(value, tuple) else value
         quoted = isinstance(part, Reference | Substitution) and part.quoted
         pieces.append(re.escape(text.text) if quoted else glob_regex(text.text))
-    return re.compile("".join(pieces), re.DOTALL)
+    written = "".join(p.text if isinstance(p, Literal) else p.source for p in parts)
+    if getattr(variables, "extglob", False) and re.search(r"[?*+@!]\(", written):
+        return Unresolved(f"the extended pattern {clipped(written)} (shopt -s extglob)")
+    try:
+        return re.compile("".join(pieces), re.DOTALL)
+    except re.error as exc:
+        return Unresolved(f"a pattern this reader does not read ({exc})")
 
 
 def _ifs(variables: Variables) -> str:
@@ -355,14 +395,14 @@ def _ifs(variables: Variables) -> str:
     return value.text if isinstance(value, Text) else " \t\n"
 
 
-_SHELL_ONLY = ("?", "$", "!", "-")
+_SHELL_ONLY = ("$", "!", "-")  # $? is the interpreter's, where it knows the status
 _WORD_OPERATORS = (":-", "-", ":=", "=", ":+", "+")
 
 
 def takes_word(part: Reference, variables: Variables) -> bool:
     """Whether ``${NAME:-word}`` (or ``-``, ``:=``, ``=``, ``:+``, ``+``) expands to its word:
     a default for a variable unset (or empty, with ``:``), an alternative for one set."""
-    if part.operator not in _WORD_OPERATORS or part.name in _SHELL_ONLY:
+    if part.operator not in _WORD_OPERATORS or part.name in (*_SHELL_ONLY, "?"):
         return False
     value = _value_of(part, variables)
     if isinstance(value, Unresolved):
@@ -386,7 +426,8 @@ def _value_of(part: Reference, variables: Variables) -> Value | None:
         return position
     elements = value if isinstance(value, tuple) else (value,) if value is not None else ()
     position += len(elements) if position < 0 else 0
-    return elements[position] if 0 <= position < len(elements) else None
+    found = elements[position] if 0 <= position < len(elements) else None
+    return None if isinstance(found, Gap) else found
 
 
 def array_index(index: str, variables: Variables, shown: str) -> int | Unresolved:
@@ -400,7 +441,7 @@ def _placeholder(token: Word, reason: str, missing: tuple[str, ...] = ()) -> Exp
     first character's offset is kept (for its line), so no rewrite ever touches it."""
     text = self_text(token)
     offsets = (token.start,) + (-1,) * (len(text) - 1)
-    return ExpandedWord(text, token.line, offsets, reason, missing)
+    return ExpandedWord(text, token.line, offsets, reason, missing, vanishes=bool(missing))
 
 
 def self_text(token: Word) -> str:

@@ -48,6 +48,7 @@ from ray_layout.shell.syntax import (
 from ray_layout.shell.tokens import Word
 from ray_layout.shell.values import (
     ExpandedWord,
+    Failed,
     Text,
     hole_reason,
     not_set,
@@ -132,18 +133,27 @@ class Interpreter:
         self.decided_by: list[str] = []  # unset variables the last test read
         self.parsed: dict[tuple[str, str], Commands] = {}
         self.reparsing = 0  # inside an eval's or a bash -c's text
+        self.line = 0  # the line of the simple command being run
+        self.substitution_status: Status = 0  # $? of the last command substitution
+        self.checking = 0  # inside a condition, where set -e does not apply
+        self.frames = 0  # functions and sourced files running (return leaves the innermost)
+        self.loops = 0  # loops running (break and continue leave them)
+        self.heredoc_body: ExpandedWord | None = None  # the running command's, expanded
         self.untaken: list[Command] = []  # what only another value of an unset variable runs
 
     def error(self, line: int, message: str) -> ShellError:
         return ShellError(f"{self.source}:{line}: {message}")
 
     def step(self, line: int) -> None:
+        self.line = line
         self.steps += 1
         if self.steps > MAX_STEPS:
             raise self.error(line, f"the script runs more than {MAX_STEPS:,} commands")
 
     def scope(self, state: State) -> Scope:
-        return Scope(state, self.environment, lambda part: nested.substitute(self, part, state))
+        scope = Scope(state, self.environment, lambda part: nested.substitute(self, part, state))
+        scope.line = self.line
+        return scope
 
     def words(self, tokens: Sequence[Word], state: State) -> list[ExpandedWord]:
         scope = self.scope(state)
@@ -167,13 +177,25 @@ class Interpreter:
 
     def sequence(self, commands: Commands, state: State) -> Status:
         status: Status = 0
+        discarded = None  # the line an arithmetic error threw away, as bash does
         for node, background in commands.items:
-            if background:
-                self.subshell(lambda s, node=node: self.run(node, s), state)
-                status = 0
-            else:
-                status = self.run(node, state)
-                self.check_errexit(node, status, state)
+            if discarded is not None and _line_of(node) == discarded:
+                continue
+            try:
+                status = self.item(node, background, state)
+            except Failed as failed:
+                line = _line_of(node)
+                self.notes.append(f"{self.source}:{line}: {failed.message}: the line is skipped")
+                discarded, status = _line_of(node), 1
+        return status
+
+    def item(self, node: Node, background: bool, state: State) -> Status:
+        """One command of a list; ``&`` runs it in a subshell of its own."""
+        if background:
+            self.subshell(lambda s: self.run(node, s), state)
+            return 0
+        status = self.run(node, state)
+        self.check_errexit(node, status, state)
         return status
 
     def check_errexit(self, node: Node, status: Status, state: State) -> None:
@@ -181,13 +203,26 @@ class Interpreter:
         ``&&``/``||`` left side, nor a negated pipeline, as bash has it)."""
         if "errexit" not in state.options or not isinstance(status, int) or status == 0:
             return
+        if self.checking:  # a condition's commands, and all a function runs from one
+            return
         if isinstance(node, AndOr) or (isinstance(node, Pipeline) and node.negate):
             return
         raise Exit(status, f"line {_line_of(node)}: set -e stops the script where a command fails")
 
     def run(self, node: Node, state: State) -> Status:
+        status = self.run_node(node, state)
+        state.last_status = status
+        return status
+
+    def run_node(self, node: Node, state: State) -> Status:
         if isinstance(node, Simple):
-            return self.simple(node, state)
+            try:
+                return self.simple(node, state)
+            except Failed as failed:
+                if failed.stops:
+                    why = f"line {node.line}: {failed.message}, so bash stops there"
+                    raise Exit(1, why) from None
+                raise
         if isinstance(node, AndOr):
             return self.and_or(node, state)
         if isinstance(node, Pipeline):
@@ -216,7 +251,7 @@ class Interpreter:
 
     def and_or(self, node: AndOr, state: State) -> Status:
         mark = len(self.decided_by)
-        status = self.run(node.first, state)
+        status = self.checked(node.first, state)
         decided = tuple(dict.fromkeys(self.decided_by[mark:]))
         if decided and isinstance(status, int):
             del self.decided_by[mark:]
@@ -243,7 +278,8 @@ class Interpreter:
                 return branching.branches(self, bodies, status.reason, state)
             if (status == 0) == (operator == "&&"):
                 mark = len(self.decided_by)
-                status = self.run(pipeline, state)
+                last = position == len(rest) - 1
+                status = self.run(pipeline, state) if last else self.checked(pipeline, state)
                 decided = tuple(dict.fromkeys(self.decided_by[mark:]))
                 if decided and isinstance(status, int) and position < len(rest) - 1:
                     del self.decided_by[mark:]
@@ -258,6 +294,14 @@ class Interpreter:
                 if position == len(rest) - 1:
                     self.check_errexit(pipeline, status, state)
         return status
+
+    def checked(self, node: Node, state: State) -> Status:
+        """A command whose failure a list tests (``a && b``, ``! a``): set -e does not stop."""
+        self.checking += 1
+        try:
+            return self.run(node, state)
+        finally:
+            self.checking -= 1
 
     def pipeline(self, node: Pipeline, state: State) -> Status:
         status: Status = 0
@@ -323,7 +367,11 @@ class Interpreter:
     def test(self, condition: Commands, state: State) -> tuple[Status, tuple[str, ...]]:
         """A condition's status, and the unset variables (taken as empty) that decided it."""
         before = len(self.decided_by)
-        status = self.sequence_unchecked(condition, state)
+        self.checking += 1
+        try:
+            status = self.sequence_unchecked(condition, state)
+        finally:
+            self.checking -= 1
         decided = tuple(dict.fromkeys(self.decided_by[before:]))
         del self.decided_by[before:]
         return status, decided
@@ -341,21 +389,47 @@ class Interpreter:
 
     def simple(self, node: Simple, state: State) -> Status:
         self.step(node.line)
+        self.line = node.line
+        nested.expand_heredoc(self, node, state)
         plain = [w for w in node.words if isinstance(w, Word)]
-        if not node.words:
-            for token in node.assignments:
-                assignments.assign(self, token, state, export=False)
-            return 0
+        self.substitution_status: Status = 0
         words = self.words(plain[:1], state) if plain else []
         name = words[0].text if words and not words[0].unknown else None
         if name in DECLARATIONS:
             return assignments.declaration(self, name, node, state)
-        words = self.words(plain, state)
-        if not words:  # the command expanded to nothing: only its assignments are left
+        words = self.words(plain, state) if plain else []
+        if not words:  # bare assignments (or a command expanded to nothing): they stay
             for token in node.assignments:
                 assignments.assign(self, token, state, export=False)
-            return 0
+            return self.substitution_status  # $? of X=$(cmd) is cmd's
+        if node.assignments and self.runs_here(words, state):
+            return self.with_prefixes(words, node, state)
         return self.command(words, node, state)
+
+    def runs_here(self, words: list[ExpandedWord], state: State) -> bool:
+        """Whether the command runs in this shell (a function or a builtin), so that its
+        ``NAME=value`` prefixes are the shell's variables while it runs."""
+        name = words[0].text
+        return not words[0].unknown and (name in state.functions or name in builtins.BUILTINS)
+
+    def with_prefixes(self, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+        """``X=1 f``: X holds 1 while the function or builtin runs, then what it held."""
+        saved = {}
+        for token in node.assignments:
+            target = assignments.target_name(token)
+            if target is not None and target not in saved:
+                saved[target] = (state.lookup(target), state.exported.get(target))
+            assignments.assign(self, token, state, export=True)
+        try:
+            return self.command(words, node, state)
+        finally:
+            for target, (value, exported) in saved.items():
+                if value is None:
+                    state.remove(target)
+                else:
+                    state.store(target, value, node.line)
+                if exported is None:
+                    state.exported.pop(target, None)
 
     def check_nounset(self, scope: Scope, state: State, line: int) -> None:
         """``set -u``: bash stops where a plain ``$NAME`` (not ``${NAME:-}``) of an unset
@@ -403,6 +477,8 @@ class Interpreter:
         self.enter(function.line, f"function {function.name}")
         state.positional = tuple(Text(w.text, w.offsets, w.missing) for w in words[1:])
         state.scopes.append({})
+        state.function_names.insert(0, function.name)
+        self.frames += 1
         try:
             return self.run(function.body, state)
         except Return as returned:
@@ -410,6 +486,8 @@ class Interpreter:
         except Uncertain as uncertain:
             raise Uncertain(f"function {function.name}: {uncertain.reason}") from None
         finally:
+            self.frames -= 1
+            state.function_names.pop(0)
             state.scopes.pop()
             state.positional = saved
             self.depth -= 1
@@ -420,18 +498,24 @@ class Interpreter:
             raise self.error(line, f"{what} nests more than {MAX_DEPTH} calls deep")
 
     def run_text(
-        self, text: Text, line: int, state: State, what: str, source: str | None = None
+        self,
+        text: Text,
+        line: int,
+        state: State,
+        what: str,
+        source: str | None = None,
+        reparsed: bool = True,
     ) -> Status:
-        """Run script text that came from a value (``eval``, ``bash -c``) or a file
-        (``source``), its characters placed back where the script wrote them."""
-        key = (source or self.source, text.text)
+        """Run script text that came from a value (``eval``, ``bash -c``, a command
+        substitution: placed on ``line``, each character where the script wrote it) or from a
+        file (``source``: its own lines)."""
+        key = (source or f"{line}", text.text)
         if key not in self.parsed:
             placement = None if source else Placement(text.offsets, line)
             self.parsed[key] = parse(
                 text.text, source or f"{self.source}:{line} ({what})", placement
             )
         self.enter(line, what)
-        reparsed = source is None
         self.reparsing += reparsed
         try:
             return self.sequence(self.parsed[key], state)

@@ -62,7 +62,8 @@ class LaunchReading:
     @property
     def argv(self) -> tuple[str, ...]:
         entry = (self.entry,) if self.entry is not None else ()
-        return tuple(w.text for w in (*self.launcher, *entry, *self.arguments))
+        words = (*self.launcher, *entry, *self.arguments)
+        return tuple(w.text for w in words if not w.vanishes)
 
 
 def read_launch(
@@ -156,7 +157,7 @@ def _entry_position(command: Command) -> int | None:
     """Where the Python entry point is among the command's words, when Megatron's model flags
     (or words the reader does not know, which may hold them) follow it."""
     for index, word in enumerate(command.words):
-        if PurePosixPath(word.text).suffix == ".py" and not word.unresolved:
+        if PurePosixPath(word.text).suffix == ".py":  # its folder may be the job's ($(pwd))
             after = command.words[index + 1 :]
             if any(w.text.partition("=")[0] in MODEL_FLAGS or w.unresolved for w in after):
                 return index
@@ -231,8 +232,9 @@ def _model_file_arguments(
             arguments += [replace(w, line=line) for w in words]
             names.append(name)
     if not names:
-        unknown = [v.reason for v in run.variables.values() if isinstance(v, Unresolved)]
-        hint = f" ({unknown[0]}, may hold it)" if unknown else ""
+        unknown = {n: v.reason for n, v in run.variables.items() if isinstance(v, Unresolved)}
+        names = ", ".join(f"${n}" for n in unknown)
+        hint = f" ({names} may hold it: {next(iter(unknown.values()))})" if unknown else ""
         raise ShellError(
             f"{source}: no command runs a Python entry point and no variable holds "
             f"--num-layers{hint}"

@@ -7,6 +7,8 @@ written.  ``ray_layout.shell.parse`` builds the commands from them.
 
 from __future__ import annotations
 
+import re
+
 from ray_layout.errors import quoted
 from ray_layout.shell import heredocs
 from ray_layout.shell.escapes import as_argv, backslash_escape
@@ -153,8 +155,11 @@ class Lexer:
             raise self.error(f"unexpected {self.peek()!r}")
         return Word(tuple(parts), line, start, self.pos)
 
-    def parts(self, *, stop: frozenset[str] | str, quoted: bool, depth: int) -> list[Part]:
-        """Parts up to (not including) a character in ``stop`` outside quotes."""
+    def parts(
+        self, *, stop: frozenset[str] | str, quoted: bool, depth: int, singles: bool = True
+    ) -> list[Part]:
+        """Parts up to (not including) a character in ``stop`` outside quotes; ``singles``:
+        whether a single quote quotes (in ``"${X:-'a b'}"`` it is a character)."""
         if depth > MAX_NESTING:
             raise self.error("expansions nested too deeply")
         parts: list[Part] = []
@@ -184,9 +189,11 @@ class Lexer:
                 if following:
                     parts.append(Literal(following, (self.pos + 1,), True))
                 self.advance(2)
-            elif char == "'" and not quoted:
+            elif char == "'" and not quoted and singles:
                 flush(quoted)
                 parts.append(self.single_quoted())
+            elif char == "$" and self.peek(1) == '"' and not quoted:
+                self.advance()  # $"...": a string for translation, read as "..."
             elif char == "$" and self.peek(1) == "'" and not quoted:
                 flush(quoted)
                 parts.append(self.ansi_c_quoted())
@@ -289,11 +296,20 @@ class Lexer:
             raise self.error("a backquoted command is never closed", line)
         self.advance()
         source = self.text[start : self.pos]
-        return Substitution("command", source[1:-1], quoted, source)
+        body = re.sub(r"\\([$`\\])", r"\1", source[1:-1])  # \` \$ \\ stand for themselves
+        return Substitution("command", body, quoted, source)
 
     def expansion(self, quoted: bool, depth: int) -> Part | None:
         """The expansion at a ``$``, or None where the ``$`` is a plain character."""
         start, following = self.pos, self.peek(1)
+        if following == "[":  # $[ expression ]: bash's old arithmetic
+            close = self.text.find("]", self.pos)
+            if close < 0:
+                raise self.error("a '$[' is never closed")
+            self.advance(close + 1 - self.pos)
+            return Substitution(
+                "arithmetic", self.text[start + 2 : close], quoted, self.text[start : self.pos]
+            )
         if following == "(":
             arithmetic = self.peek(2) == "("
             self.advance(3 if arithmetic else 2)
@@ -378,10 +394,14 @@ class Lexer:
             if operator == "/" and self.peek() in "/#%" and self.peek():
                 operator += self.advance()
             stop = "/}" if operator.startswith("/") else "}"
-            argument = self.parts(stop=stop, quoted=quoted, depth=depth + 1)
+            # the word after the operator is read with its own quotes, inside "..." too: a
+            # pattern stays a pattern, a "quoted" default loses its quotes; there a single
+            # quote quotes only in a pattern, as bash reads it
+            singles = not quoted or operator[0] in "#%/"
+            argument = self.parts(stop=stop, quoted=False, depth=depth + 1, singles=singles)
             if operator.startswith("/") and self.peek() == "/":
                 self.advance()
-                replacement = self.parts(stop="}", quoted=quoted, depth=depth + 1)
+                replacement = self.parts(stop="}", quoted=False, depth=depth + 1, singles=singles)
         elif self.peek() != "}":
             operator = "unsupported"
             self.skip_to_brace(line)
@@ -390,7 +410,9 @@ class Lexer:
         self.advance()
         if length:
             operator = "length" if operator is None else "unsupported"
-        if indirect:
+        if indirect and operator is None and index in ("@", "*"):
+            operator = "keys"  # ${!A[@]}: the array's indices
+        elif indirect:
             operator = "!" if operator is None and index is None else "unsupported"
         if not name:
             operator = "unsupported"

@@ -20,11 +20,14 @@ if TYPE_CHECKING:
 
 
 def loop(interp: Interpreter, node: For | ArithmeticFor | While, state: State) -> Status:
+    interp.loops += 1
     try:
         return iterate(interp, node, state)
     except Uncertain as uncertain:
         unknown_body(interp, node.body, state, f"a loop at line {node.line} ({uncertain.reason})")
         return Unknown(uncertain.reason)
+    finally:
+        interp.loops -= 1
 
 
 def iterate(interp: Interpreter, node: For | ArithmeticFor | While, state: State) -> Status:

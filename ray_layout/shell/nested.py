@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ray_layout.errors import clipped
 from ray_layout.shell.expand import expand_whole
-from ray_layout.shell.flow import Break, Exit, Return, Uncertain
+from ray_layout.shell.flow import Break, Exit, Return, Uncertain, Unknown
 from ray_layout.shell.lexer import tokenize
 from ray_layout.shell.state import State
 from ray_layout.shell.syntax import Simple
@@ -53,19 +53,12 @@ def run_heredoc_script(
         return
     if any(w.text.endswith(".sh") or w.text == "-c" for w in words[1:]):
         return
-    body = node.heredoc.body
-    if node.heredoc.quoted:
-        text = Text.of(body)
-    else:
-        word = expand_whole(
-            _as_double_quoted(body, node.heredoc.line), interp.scope(state), holes=True
-        )
-        if word.unresolved and "\x01" not in word.text:
-            interp.notes.append(
-                f"{interp.source}:{node.line}: the here-document of {word.unresolved}"
-            )
-            return
-        text = Text(word.text, word.offsets, word.missing)
+    word = interp.heredoc_body
+    if word is None or (word.unresolved and "\x01" not in word.text):
+        why = word.unresolved if word is not None else "a body this reader did not expand"
+        interp.notes.append(f"{interp.source}:{node.line}: the here-document of {why}")
+        return
+    text = Text(word.text, word.offsets, word.missing)
     _child(interp, text, [], node, state, f"{words[0].text} <<{node.heredoc.delimiter}")
 
 
@@ -107,12 +100,15 @@ def substitute(interp: Interpreter, part: Substitution, state: State) -> Value:
     """``$(...)``: its output where it runs only builtins on known values."""
     inner = state.copy()
     inner.output, inner.impure, inner.condition = [], None, None
+    line = interp.line
     try:
-        interp.run_text(Text.of(part.text), 0, inner, "a command substitution", "$(...)")
-    except Exit:
-        pass
+        status = interp.run_text(Text.of(part.text), line, inner, "$(...)", reparsed=False)
+    except Exit as exit_:
+        status = exit_.status
     except (Return, Break, Uncertain):
-        inner.impure = inner.impure or "control flow this reader does not follow"
+        status = Unknown("control flow this reader does not follow")
+        inner.impure = inner.impure or status.reason
+    interp.substitution_status = status
     if inner.impure:
         return Unresolved(
             f"{clipped(part.source)} (runs {inner.impure}, whose output needs a real shell)"
@@ -124,3 +120,16 @@ def substitute(interp: Interpreter, part: Substitution, state: State) -> Value:
         return Unresolved(f"{clipped(part.source)} prints {output.unresolved}")
     end = len(output.text.rstrip("\n"))
     return Text(output.text[:end], output.offsets[:end], output.missing)
+
+
+def expand_heredoc(interp: Interpreter, node: Simple, state: State) -> None:
+    """The command's here-document as it reaches the command: expanded first where its
+    delimiter is not quoted (its ``$(...)`` run too, whatever reads the body), as bash does."""
+    heredoc = node.heredoc
+    if heredoc is None:
+        interp.heredoc_body = None
+    elif heredoc.quoted:
+        interp.heredoc_body = ExpandedWord(heredoc.body, heredoc.line, (-1,) * len(heredoc.body))
+    else:
+        word = _as_double_quoted(heredoc.body, heredoc.line)
+        interp.heredoc_body = expand_whole(word, interp.scope(state), holes=True)

@@ -194,7 +194,7 @@ class _Parser(Cursor):
         line = line_of(self.peek())  # type: ignore[arg-type]
         assignments: list[Word | ArrayLiteral] = []
         words: list[Word | ArrayLiteral] = []
-        heredoc = None
+        heredoc, herestring = None, None
         while (token := self.peek()) is not None:
             if isinstance(token, Operator):
                 if token.text in _ENDS_COMMAND or token.text == "(":
@@ -202,9 +202,11 @@ class _Parser(Cursor):
                 self.take()
                 heredoc = self.heredocs.get(id(token), heredoc)
                 if token.text in REDIRECTIONS:
-                    if not isinstance(self.peek(), Word):
+                    target = self.peek()
+                    if not isinstance(target, Word):
                         raise self.error(f"'{token.text}' needs a file name")
                     self.take()
+                    herestring = target if token.text == "<<<" else herestring
                 continue
             self.take()
             if not words and assignment_target(token) is not None:
@@ -217,7 +219,7 @@ class _Parser(Cursor):
                 words.append(token)  # type: ignore[arg-type]
         if not assignments and not words:
             raise self.error(f"unexpected {shown(self.peek())}")  # type: ignore[arg-type]
-        return Simple(tuple(assignments), tuple(words), line, heredoc)
+        return Simple(tuple(assignments), tuple(words), line, heredoc, herestring)
 
     def skip_redirections(self) -> None:
         while self.at_operator(*REDIRECTIONS, *_HEREDOCS):

@@ -6,8 +6,19 @@ from __future__ import annotations
 
 import re
 
-from ray_layout.shell.values import EMPTY, Text, Unresolved, Value
+from ray_layout.shell.values import EMPTY, Gap, Text, Unresolved, Value
 
+_CLASSES = {
+    "alpha": "a-zA-Z",
+    "upper": "A-Z",
+    "lower": "a-z",
+    "digit": "0-9",
+    "alnum": "a-zA-Z0-9",
+    "xdigit": "0-9a-fA-F",
+    "space": " \\t\\n\\r\\f\\v",
+    "blank": " \\t",
+    "punct": "!-/:-@\\[-`{-~",
+}
 TRANSFORMS = frozenset({"#", "##", "%", "%%", "/", "//", "/#", "/%", ":", "^", "^^", ",", ",,"})
 
 
@@ -25,10 +36,21 @@ def edited(
     return tuple(each) if isinstance(value, tuple) else each[0]
 
 
+def _sliced_elements(value: tuple[Text, ...], numbers: list[int]) -> Value:
+    size = len(value)
+    start = numbers[0] + size if numbers[0] < 0 else numbers[0]
+    chosen = [v for i, v in enumerate(value) if i >= start and not isinstance(v, Gap)]
+    if len(numbers) == 2:
+        chosen = chosen[: max(numbers[1], 0)] if numbers[1] >= 0 else chosen[: numbers[1]]
+    return tuple(chosen)
+
+
 def sliced(value: Value, numbers: list[int], shown: str) -> Value:
     """``${V:offset}``, ``${V:offset:length}`` (negative counts from the end) on a text, or on
     an array's elements for ``${A[@]:1:2}``."""
-    items: list[Text] | str = list(value) if isinstance(value, tuple) else value.text  # type: ignore[union-attr]
+    if isinstance(value, tuple):  # by index: the set elements from the offset on
+        return _sliced_elements(value, numbers)
+    items: list[Text] | str = value.text  # type: ignore[union-attr]
     size = len(items)
     start = numbers[0] + size if numbers[0] < 0 else numbers[0]
     if start < 0 or start > size:
@@ -111,9 +133,13 @@ def glob_regex(pattern: str) -> str:
             index += 1
         elif char == "[" and (close := _class_end(pattern, index)) > 0:
             body = pattern[index:close]
+            if "[." in body or "[=" in body:
+                raise re.error("a collating symbol or an equivalence class")
             negate = body[:1] in ("!", "^")
             body = body[1:] if negate else body
             escaped = body.replace("\\", "\\\\").replace("[", "\\[")
+            for name, members in _CLASSES.items():  # [[:upper:]]: POSIX classes
+                escaped = escaped.replace(f"\\[:{name}:]", members)
             out.append(f"[{'^' if negate else ''}{escaped}]")
             index = close + 1
         else:
@@ -125,5 +151,11 @@ def _class_end(pattern: str, start: int) -> int:
     """The index of the ``]`` that closes a bracket expression opened before ``start``."""
     index = start + (pattern[start : start + 1] in ("!", "^"))
     index += pattern[index : index + 1] == "]"
-    close = pattern.find("]", index)
-    return close
+    while index < len(pattern):
+        if pattern.startswith("[:", index) and (end := pattern.find(":]", index + 2)) > 0:
+            index = end + 2  # a class, [:alpha:], whose ] closes nothing
+        elif pattern[index] == "]":
+            return index
+        else:
+            index += 1
+    return -1

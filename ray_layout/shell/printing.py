@@ -115,9 +115,14 @@ def _cd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: Sta
 
 
 def _pwd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-    if state.cwd is None:  # the directory the job starts in: as an unset $PWD, remembered
+    if state.cwd is None:  # the directory the job starts in: the job's, unless --env PWD gives it
         given = interp.environment.get("PWD")
-        _print(state, [Text.of(given + "\n") if given else Text("\n", (-1,), ("PWD",))])
+        if given is None:
+            state.impure = (
+                state.impure or "pwd, the directory the job starts in (give --env PWD=DIR)"
+            )
+            return 0
+        _print(state, [Text.of(given + "\n")])
         return 0
     _print(state, [Text.of(state.cwd + "\n")])
     return 0

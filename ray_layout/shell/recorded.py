@@ -24,7 +24,8 @@ class Command:
 
     @property
     def argv(self) -> tuple[str, ...]:
-        return tuple(word.text for word in self.words)
+        """The words as bash passes them (an unset variable alone passes none)."""
+        return tuple(word.text for word in self.words if not word.vanishes)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,13 @@ class Placement:
     line: int  # the line the text was run from
 
 
-def placed(token: Token, placed: Placement) -> Token:
-    line = placed.line + token.line - 1
+def placed(token: Token, placement: Placement) -> Token:
+    """``token`` where its text was written in the script."""
+    line = placement.line + token.line - 1
     if isinstance(token, Word):
-        return replace(token, parts=_placed_parts(token.parts, placed.offsets), line=line)
+        return replace(token, parts=_placed_parts(token.parts, placement.offsets), line=line)
     if isinstance(token, ArrayLiteral):
-        words = tuple(placed(word, placed) for word in token.words)
+        words = tuple(placed(word, placement) for word in token.words)
         return replace(token, words=words, line=line)  # type: ignore[arg-type]
     return replace(token, line=line)
 

@@ -18,6 +18,26 @@ from ray_layout.shell.values import Text, Unresolved, Value, same, unknown
 
 # Names a running shell fills by itself; their values are no script's text.
 DYNAMIC = frozenset({"RANDOM", "SRANDOM", "SECONDS", "BASHPID", "EPOCHSECONDS", "EPOCHREALTIME"})
+# Names the job's own shell sets, whatever the environment: unknown here, never empty.
+SHELL_SET = frozenset(
+    {
+        "HOSTNAME",
+        "UID",
+        "EUID",
+        "PPID",
+        "SHLVL",
+        "OSTYPE",
+        "MACHTYPE",
+        "HOSTTYPE",
+        "SHELL",
+        "BASH_VERSION",
+        "BASH_VERSINFO",
+        "BASH",
+        "GROUPS",
+        "OLDPWD",
+        "_",
+    }
+)
 
 
 @dataclass
@@ -39,6 +59,8 @@ class State:
     impure: str | None = None  # why that output is not known
     decided_by: tuple[str, ...] = ()  # unset variables whose emptiness chose this branch
     arguments_given: bool = True  # False: the user gave none, so $# is bash's 0, remembered
+    last_status: int | object = 0  # $?: an int, or the flow's Unknown
+    function_names: list[str] = field(default_factory=list)  # FUNCNAME, innermost first
 
     def copy(self) -> State:
         return State(
@@ -59,6 +81,8 @@ class State:
             self.impure,
             self.decided_by,
             self.arguments_given,
+            self.last_status,
+            list(self.function_names),
         )
 
     def lookup(self, name: str) -> Value | None:
@@ -99,7 +123,7 @@ class State:
     def taint_differences(self, other: State, names: tuple[str, ...]) -> None:
         """What ``other`` (another branch) leaves different from this state was chosen by the
         unset ``names``: it keeps bash's value here, remembered as decided by them."""
-        for name in other.names() | self.names():
+        for name in sorted(other.names() | self.names()):
             mine = self.lookup(name)
             if same(mine, other.lookup(name)) or isinstance(mine, Unresolved):
                 continue
@@ -122,7 +146,7 @@ class State:
     def unresolve_changes(self, after: State, reason: str) -> None:
         """Every variable ``after`` holds differently from this state becomes unresolved here:
         what a construct the reader did not follow to its end may have set."""
-        for name in after.names() | self.names():
+        for name in sorted(after.names() | self.names()):
             if not same(after.lookup(name), self.lookup(name)):
                 self.store(name, Unresolved(f"{name} is set in {reason}"), after.lines.get(name, 0))
         if not _same_positional(after.positional, self.positional):
@@ -145,7 +169,7 @@ def merge(state: State, outcomes: list[State], reason: str) -> None:
     """``state`` after one of ``outcomes`` ran, the reader not knowing which: what they leave
     the same stays, what differs is unresolved."""
     first = outcomes[0]
-    for name in set().union(*(o.names() for o in outcomes)):
+    for name in sorted(set().union(*(o.names() for o in outcomes))):
         values = [o.lookup(name) for o in outcomes]
         if all(same(value, values[0]) for value in values):
             if values[0] is not None:
@@ -170,6 +194,9 @@ def merge(state: State, outcomes: list[State], reason: str) -> None:
     state.cwd = first.cwd if all(o.cwd == first.cwd for o in outcomes) else None
 
 
+_WHERE = "the directory the job starts in (give --env PWD=DIR)"
+
+
 class Scope:
     """The state as expansions see it: ``$1``, ``$#``, ``$@`` from the positional parameters,
     ``$0``, ``BASH_SOURCE``; an unresolved value that ``--env`` gives is the given value;
@@ -182,6 +209,8 @@ class Scope:
         substitute: Callable[[Substitution], Value],
     ) -> None:
         self.state, self.environment, self.substitute = state, environment, substitute
+        self.line = 0  # the line being run, for $LINENO
+        self.extglob = "extglob" in state.options
         self.unset_used: list[str] = []  # plain $NAME of unset variables, for set -u
 
     def unset(self, name: str) -> None:
@@ -193,13 +222,26 @@ class Scope:
             return state.zero
         if name.isdigit() or name in ("#", "@", "*"):
             return self.positional(name)
+        if name == "?":
+            status = state.last_status
+            reason = getattr(status, "reason", None)
+            return Text.of(str(status)) if reason is None else Unresolved(f"$? of {reason}")
         if name == "BASH_SOURCE":
             return tuple(Text.of(path) for path in state.sources)
-        if name == "PWD" and state.cwd is not None and state.lookup(name) is None:
-            return Text.of(state.cwd)
+        value = state.lookup(name)
+        if value is None and name not in self.environment:
+            if name == "PWD":
+                return Text.of(state.cwd) if state.cwd else Unresolved(_WHERE)
+            if name in SHELL_SET:
+                return Unresolved(f"${name}, which the job's shell sets (give --env {name}=VALUE)")
+            if name == "IFS":
+                return Text.of(" \t\n")
+            if name == "LINENO":
+                return Text.of(str(self.line))
+            if name == "FUNCNAME":
+                return tuple(Text.of(f) for f in state.function_names) or None
         if name in DYNAMIC:
             return Unresolved(f"${name} (a value only a running shell has)")
-        value = state.lookup(name)
         if value is None and state.poisoned and name not in self.environment:
             return Unresolved(f"${name} may be set by {state.poisoned}; give --env {name}=VALUE")
         if unknown(value) and name in self.environment:

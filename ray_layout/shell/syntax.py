@@ -18,6 +18,7 @@ class Simple:
     words: tuple[Word | ArrayLiteral, ...]  # an array only as a declaration's argument
     line: int
     heredoc: Heredoc | None = None  # its standard input, where a here-document gives it
+    herestring: Word | None = None  # its standard input, where ``<<< word`` gives it
 
 
 @dataclass(frozen=True)

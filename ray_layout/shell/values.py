@@ -10,6 +10,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class Failed(Exception):
+    """An expansion bash fails on: ``${X:?message}`` of an unset X stops the script
+    (``stops``), an arithmetic error discards the rest of its line."""
+
+    def __init__(self, message: str, *, stops: bool) -> None:
+        super().__init__(message)
+        self.message, self.stops = message, stops
+
+
 @dataclass(frozen=True)
 class Unresolved:
     """A value this reader cannot know, and why (with the line that made it so)."""
@@ -64,6 +73,7 @@ class ExpandedWord:
     offsets: tuple[int, ...]
     unresolved: str | None = None
     missing: tuple[str, ...] = ()  # unset variables that expanded to nothing inside the word
+    vanishes: bool = False  # an unset variable alone: bash passes no word (kept, for a value)
 
     @property
     def unknown(self) -> str | None:
@@ -199,9 +209,23 @@ def join(items: list[Text], separator: str = " ") -> Text:
     return joined
 
 
+@dataclass(frozen=True)
+class Gap(Text):
+    """An index of an array that holds nothing (``A[5]=x`` on two elements, ``unset 'A[1]'``):
+    bash's arrays are sparse; here the gap keeps the indices after it."""
+
+
+GAP = Gap("", ())
+
+
+def present(items: tuple[Text, ...]) -> tuple[Text, ...]:
+    """An array's elements as ``"${A[@]}"`` gives them: its gaps left out."""
+    return tuple(item for item in items if not isinstance(item, Gap))
+
+
 def elements(value: Value) -> tuple[Text, ...]:
     if isinstance(value, tuple):
-        return value
+        return present(value)
     if isinstance(value, Text):
         return (value,) if value.text else ()
     return ()

@@ -183,3 +183,21 @@ def test_without_hbm_the_note_says_which_common_gpus_the_largest_stage_fits(peak
 def test_the_largest_stage_is_the_first_with_the_most_memory(memory):
     rank, peak = largest_stage(memory)
     assert peak == max(memory) and rank == memory.index(peak)
+
+
+def test_a_megatron_deepspeed_job_is_not_searched_and_says_who_splits_it(capsys):
+    """DeepSpeed's pipeline engine takes no layout flag: plan says so in one line, with the
+    layers its partition_method 'type:transformer' gives each stage."""
+    text = (
+        "deepspeed pretrain_gpt.py --num-layers 24 --hidden-size 64 --num-attention-heads 4 "
+        "--seq-length 64 --max-position-embeddings 64 --num-experts 8 --deepspeed "
+        "--global-batch-size 64"
+    )
+    code = main(["plan", text, "--vocab-size", "1000", "--pp", "4", "--costs", "flops"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2
+    assert line == (
+        "error: Megatron-DeepSpeed takes no --pipeline-model-parallel-layout: DeepSpeed's "
+        "pipeline engine splits the layers by its partition_method 'type:transformer' "
+        "(GPTModelPipe); layers per stage: 6, 6, 6, 6"
+    )

@@ -60,6 +60,13 @@ def test_a_config_that_is_no_script_is_refused():
         write_tuned_script(ModelSettings(config=HANDBOOK), "out.sh", PICK, COMMENT)
 
 
+def test_a_run_log_is_no_script_to_write_back(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_text("------------------------ arguments ------------------------\n")
+    with pytest.raises(ConfigError, match=r"not the run log .*: paste the flag into the script"):
+        write_tuned_script(ModelSettings(config=str(log)), "out.sh", PICK, COMMENT)
+
+
 def test_a_script_that_does_not_read_back_as_the_pick_is_not_written(script, tmp_path, monkeypatch):
     monkeypatch.setattr(tuned_script, "current_layout", lambda *args, **kwargs: None)
     out = tmp_path / "tuned.sh"

@@ -109,6 +109,7 @@ def transformer_config(model: ModelSpec) -> Any:
             moe_ffn_hidden_size=model.moe_ffn_hidden_size,
             moe_router_topk=model.moe_router_topk,
             moe_shared_expert_intermediate_size=model.moe_shared_expert_intermediate_size or None,
+            moe_shared_expert_gate=model.moe_shared_expert_gate,
             moe_layer_freq=[int(moe) for moe in model.moe_layer_pattern],
             # TransformerConfig rejects top-1 routing without it, as Megatron-LM's arguments do;
             # it changes no parameter.

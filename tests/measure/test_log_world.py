@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_layout.measure.log_world import SIZE_NAMES, LogWorld, parse_arguments, parse_world
+from ray_layout.measure.log_world import SIZE_NAMES, LogWorld, parse_world
 from tests.helpers.paths import SHARED_DATA
 
 REAL_LOGS = SHARED_DATA / "real_megatron_logs"
@@ -99,30 +99,6 @@ def test_every_wording_of_the_sizes_is_read(
     stated = parse_world(f"banner\n{prefix}using world size: {world}, {named}\nmore\n")
     assert stated is not None and (stated.world_size, stated.line) == (world, 2)
     assert dict(stated.sizes) == {SIZE_NAMES[name]: value for name, value in sizes.items()}
-
-
-@pytest.mark.skipif(not REAL_LOGS.is_dir(), reason="real logs not present")
-def test_a_real_log_states_its_arguments():
-    arguments = parse_arguments((REAL_LOGS / "05_ms_swift_mcore_2024.log").read_text())
-    assert len(arguments) == 319
-    assert (arguments["hidden_size"], arguments["num_layers"]) == ("896", "24")
-    assert arguments["virtual_pipeline_model_parallel_size"] == "None"
-
-
-def test_the_last_arguments_block_is_the_run_s_own():
-    def block(hidden: int) -> str:
-        return (
-            "------------------------ arguments ------------------------\n"
-            f"[default0]:  hidden_size ..................................... {hidden}\n"
-            "  pipeline_model_parallel_layout .................. Et*3|t*7|t*6m|L  \n"
-            "-------------------- end of arguments ---------------------\n"
-            "  not_an_argument ....... 1\n"
-        )
-
-    arguments = parse_arguments(block(2048) + "restarted\n" + block(4096))
-    layout = "Et*3|t*7|t*6m|L"
-    assert dict(arguments) == {"hidden_size": "4096", "pipeline_model_parallel_layout": layout}
-    assert parse_arguments("no arguments here\n") == {}
 
 
 def test_many_world_lines_are_read_in_linear_time():

@@ -19,6 +19,7 @@ from ray_layout.model.files import (
     MAX_INPUT_BYTES,
     MAX_MAPPING_BYTES,
     MAX_YAML_VALUES,
+    read_log_opening,
     read_mapping,
     read_text,
 )
@@ -208,3 +209,14 @@ def test_any_alias_tree_is_read_or_refused_by_its_expanded_size(tmp_path, depth,
         assert len(read_mapping(path, "c.yaml")) == depth
     elif width**depth > MAX_YAML_VALUES:
         assert "values (each use of an alias counted)" in refusal(path)
+
+
+def test_a_log_of_any_size_is_read_from_its_opening_with_stray_bytes_replaced(tmp_path):
+    big = written(tmp_path, "run.log", b"rank 0 \xff says\n" + b"x" * (MAX_INPUT_BYTES + 10))
+    opening = read_log_opening(big, "run.log", limit=100)
+    assert opening.startswith("rank 0 \ufffd says\n") and len(opening) == 100
+    assert len(read_log_opening(big, "run.log")) == 4_000_000
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"^fifo\.log: a FIFO, not a regular file .*at most"):
+        read_log_opening(fifo, "fifo.log")

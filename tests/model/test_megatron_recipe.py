@@ -192,13 +192,16 @@ def test_comment_ends_a_continued_command_as_in_bash():
         (BASE.replace("4", "$LAYERS", 1), "--num-layers uses $LAYERS, which the script does not"),
         (
             "L=$((2*N))\n" + BASE.replace("4", "${L}", 1),
-            "--num-layers uses L (line 1) = $((2*N)) uses $N, which",
+            "--num-layers uses $N, which the script does not set (give --env N=VALUE)",
         ),
-        (BASE.replace("4", "$(cat layers)", 1), "--num-layers uses $(cat layers) (a command subst"),
+        (
+            BASE.replace("4", "$(cat layers)", 1),
+            "--num-layers uses $(cat layers) (runs cat (line 1), whose output",
+        ),
         (
             "ARGS=(--num-layers $(nproc))\npython pretrain_gpt.py "
             "${ARGS[@]} " + BASE.replace("--num-layers 4", ""),
-            "--num-layers uses $(nproc) (a command substitution",
+            "--num-layers uses $(nproc) (runs nproc (line 1), whose output needs",
         ),
         (f"{BASE} --tensor-model-parallel-size 0", "--tensor-model-parallel-size must be >= 1"),
         (BASE.replace("256", "big"), "--hidden-size needs a value of type int, got 'big'"),
@@ -367,7 +370,9 @@ def test_a_torchrun_size_from_the_environment_names_the_variable(launcher):
 
 
 def test_a_torchrun_size_only_a_shell_has_asks_for_dp():
-    with pytest.raises(ConfigError, match=r"uses \$\(nproc\) \(a command substitution, which "):
+    with pytest.raises(
+        ConfigError, match=r"uses \$\(nproc\) \(runs nproc \(line 1\), whose output"
+    ):
         load_megatron_command_line(f"torchrun --nproc_per_node=$(nproc) pretrain_gpt.py {BASE}")
     with pytest.raises(ConfigError, match=r"needs a real shell\): give --dp$"):
         load_megatron_command_line(f"torchrun --nproc_per_node=$(nproc) pretrain_gpt.py {BASE}")

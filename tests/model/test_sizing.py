@@ -8,6 +8,8 @@ from ray_layout.model.sizing import (
     Params,
     gpu_gigaparams,
     gpu_params,
+    layer_params,
+    moe_block_params,
     parameter_count,
     stage_sizes,
     training_flops_per_iteration,
@@ -172,3 +174,52 @@ def test_active_counts_name_what_they_leave_out():
     assert HANDBOOK.model and parameter_count(HANDBOOK.model).active > (
         parameter_count(HANDBOOK.model).active_without_embedding_and_output
     )
+
+
+_FORKED = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+           "vocab_size": 128, "ffn_hidden_size": 96, "num_experts": 8, "moe_router_topk": 1,
+           "moe_layer_freq": [0, 1, 0, 1], "add_bias_linear": True, "swiglu": False}  # fmt: skip
+
+
+def test_each_moe_layer_is_sized_with_its_own_experts():
+    model = build_recipe(_FORKED | {"moe_layer_experts": [4, 8]}, {}, source="t").model
+    layers = layer_params(model)
+    expert = (64 * 96 + 96) + (96 * 64 + 64)
+    assert layers[3].total - layers[1].total == 4 * expert + 4 * (64 + 1)  # experts + router rows
+    assert layers[3].active - layers[1].active == 4 * (64 + 1)  # top-1 of either; the router
+    stages = stage_sizes(model, ParallelConfig(pp=2, dp=1), ("Ett", "ttL"))
+    assert sum(s.params.total for s in stages) == parameter_count(model).total + 128 * 64
+
+
+def test_deepspeed_moe_block_pr_moe_and_its_flops():
+    """TopKGate without bias; PR-MoE's MLP beside the experts (replicated: outside TP) and its
+    2-way coefficient; FLOPs count the residual MLP as one more expert per token."""
+    core = build_recipe(_FORKED, {}, source="t").model
+    ds = build_recipe(_FORKED | {"moe_block": "deepspeed", "moe_residual": True}, {}, source="t")
+    expert = (64 * 96 + 96) + (96 * 64 + 64)
+    moe = moe_block_params(ds.model)
+    assert moe.total - moe_block_params(core).total == expert + 2 * 64 + 2 - 8  # - router bias
+    assert moe.replicated == 8 * 64 + expert + 2 * 64 + 2
+    unit = unit_sizes(ds.model)["t_moe"].forward_flops - unit_sizes(core)["t_moe"].forward_flops
+    assert unit == pytest.approx(32 * 2 * 64 * 96 * 2)  # one more GeLU MLP for 32 tokens
+
+
+def test_the_shared_experts_gate_is_h_weights():
+    shared = _FORKED | {"moe_shared_expert_intermediate_size": 48}
+    plain = build_recipe(shared, {}, source="t").model
+    gated = build_recipe(shared | {"moe_shared_expert_gate": True}, {}, source="t").model
+    assert moe_block_params(gated).replicated - moe_block_params(plain).replicated == 64
+
+
+def test_noop_layers_hold_nothing_and_compute_nothing():
+    model = build_recipe(_FORKED | {"noop_layers": [0, 3]}, {}, source="t").model
+    plain = build_recipe(_FORKED, {}, source="t").model
+    layers = layer_params(model)
+    assert layers[0].total == layers[3].total == 0
+    stages = stage_sizes(model, ParallelConfig(pp=2, dp=1), ("Ett", "ttL"))
+    full = stage_sizes(plain, ParallelConfig(pp=2, dp=1), ("Ett", "ttL"))
+    units = unit_sizes(plain)
+    assert full[0].forward_flops - stages[0].forward_flops == units["t_dense"].forward_flops
+    assert full[1].forward_flops - stages[1].forward_flops == units["t_moe"].forward_flops
+    flops = training_flops_per_iteration(plain, 1) - training_flops_per_iteration(model, 1)
+    assert flops == pytest.approx(units["t_dense"].training_flops + units["t_moe"].training_flops)

@@ -117,6 +117,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "mtp_num_layers": 2,
         "untie_embeddings_and_output_weights": True,
     },
+    "moe_gated_shared_expert_untied": {  # Qwen2-MoE's sigmoid gate on the shared expert
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "ffn_hidden_size": 128,
+        "num_experts": 4,
+        "moe_ffn_hidden_size": 32,
+        "moe_router_topk": 2,
+        "moe_shared_expert_intermediate_size": 48,
+        "moe_shared_expert_gate": True,
+        "untie_embeddings_and_output_weights": True,
+    },
     "mla_q_lora_moe_mix_mtp1": {  # DeepSeek-V3 shape in miniature
         "num_layers": 2,
         "hidden_size": 128,

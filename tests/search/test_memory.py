@@ -337,3 +337,21 @@ def test_expert_state_shards_by_ep_and_expert_dp():
     assert memory.weights == WEIGHT_BYTES * 2000
     assert memory.gradients == GRAD_BYTES * 2000
     assert memory.optimizer == OPTIMIZER_BYTES * 2000 / 2
+
+
+def test_deepspeed_shards_expert_state_over_dp_over_ep_within_a_tp_rank():
+    """DeepSpeed's expert-data-parallel groups (deepspeed/utils/groups.py) split each TP rank's
+    DP group by EP, and its experts are whole on every TP rank: ZeRO shards their optimizer
+    state over DP / EP, where megatron-core's grid shards it over TP x DP / EP."""
+    megatron = ParallelConfig(tp=2, ep=4, etp=1, dp=8)
+    deepspeed = ParallelConfig(tp=2, ep=4, etp=1, dp=8, expert_groups="deepspeed")
+    assert (megatron.expert_dp, deepspeed.expert_dp) == (4, 2)
+    experts = Params(expert=8000)
+    memory = static_bytes(experts, deepspeed)
+    assert memory.weights == WEIGHT_BYTES * 2000  # 8000 / EP, not split by TP
+    assert memory.optimizer == OPTIMIZER_BYTES * 2000 / 2
+    assert static_bytes(experts, megatron).optimizer == OPTIMIZER_BYTES * 2000 / 4
+    unsharded = ParallelConfig(
+        ep=4, dp=8, expert_groups="deepspeed", use_distributed_optimizer=False
+    )
+    assert static_bytes(experts, unsharded).optimizer == OPTIMIZER_BYTES * 2000  # no ZeRO

@@ -29,7 +29,14 @@ def test_assignments_give_what_bash_gives(setup):
 
 
 def test_what_the_reader_cannot_hold_is_unresolved_not_guessed():
-    assert isinstance(variable("A=(); A[5]=x", "A"), Unresolved)  # an array with gaps
+    assert words("A=(); A[5]=x; A[2]=y\ncmd ${#A[@]} ${A[@]} ${!A[@]}") == [
+        "cmd",
+        "2",
+        "y",
+        "x",
+        "2",
+        "5",
+    ]
     assert isinstance(variable("declare -A M=([k]=v)", "M"), Unresolved)
     assert isinstance(variable("A=([3]=x)", "A"), Unresolved)
     run = run_script("T=$(date)-x\n", "t.sh")

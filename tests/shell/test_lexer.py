@@ -143,7 +143,7 @@ def test_expansions_inside_words_are_parts():
     b, c, one, arithmetic, command, backquoted, length, indirect, replaced = parts[1:]
     assert (b.name, b.index, b.operator, b.quoted) == ("B", "@", None, False)
     assert (c.name, c.operator, c.quoted) == ("C", ":-", True)
-    assert c.argument == (Literal("d e", (14, 15, 16), True),)
+    assert c.argument == (Literal("d e", (14, 15, 16), False),)  # its own quotes, none here
     assert (one.name, one.source) == ("1", "$1")
     assert (arithmetic.kind, arithmetic.text) == ("arithmetic", "2+3")
     assert (command.kind, command.text) == ("command", "date")

@@ -30,4 +30,7 @@ def test_output_is_what_bash_prints(substitution):
 def test_the_script_directory_idiom_needs_no_hint_and_pwd_alone_is_the_jobs():
     script = 'D=$(cd "$(dirname "$0")" && pwd)\nP=$(pwd)\ncmd "$D" "$P/x"'
     (command,) = run_script(script, "/opt/run/train.sh").commands
-    assert command.argv == ("cmd", "/opt/run", "/x") and command.words[2].missing == ("PWD",)
+    assert command.argv == ("cmd", "/opt/run", "$(pwd)/x")
+    assert "give --env PWD=DIR" in command.words[2].unresolved
+    (given,) = run_script(script, "/opt/run/train.sh", {"PWD": "/w"}).commands
+    assert given.argv == ("cmd", "/opt/run", "/w/x")
