@@ -64,7 +64,9 @@ NO_EP_OVERLAP = EpOverlap()
 
 
 def ep_overlap(args: Sequence[str], source: str = "megatron_args") -> EpOverlap:
-    flags = parse_flags(args, source)
+    flags = parse_flags(
+        args, source, only={"overlap_moe_expert_parallel_comm", "delay_wgrad_compute"}
+    )
     return EpOverlap(
         on=bool(flags.get("overlap_moe_expert_parallel_comm")),
         delay_wgrad=bool(flags.get("delay_wgrad_compute")),

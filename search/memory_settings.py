@@ -106,10 +106,34 @@ class MemorySettings:
         return self.recompute_flags() + self.optimizer_flags()
 
 
+_READ = frozenset(
+    {
+        "cross_entropy_loss_fusion",
+        "fine_grained_activation_offloading",
+        "fp8",
+        "fp8_param_gather",
+        "grad_reduce_in_bf16",
+        "moe_layer_recompute",
+        "offload_modules",
+        "optimizer_cpu_offload",
+        "recompute_activations",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_modules",
+        "recompute_num_layers",
+        "use_precision_aware_optimizer",
+        "main_grads_dtype",
+        "main_params_dtype",
+        "exp_avg_dtype",
+        "exp_avg_sq_dtype",
+    }
+)  # the flags the memory model reads; a fork's other flags are not typed here
+
+
 def memory_settings(args: Sequence[str], source: str = SOURCE) -> MemorySettings:
     """The settings a command line asks for; a one-line :class:`ConfigError` for a value
     Megatron would refuse (an unknown module, a full recompute without its method)."""
-    parsed = parse_flags(args, source)
+    parsed = parse_flags(args, source, only=_READ)
     granularity = parsed.get("recompute_granularity")
     if parsed.get("recompute_activations") and granularity is None:
         granularity = "selective"  # arguments.py: --recompute-activations means selective

@@ -22,7 +22,7 @@ from search.schedule import Op, P2PCall, Transfer, Wait, p2p_call
 def overlap_p2p_comm(args: Sequence[str], source: str = "megatron_args") -> bool:
     """A job's ``overlap_p2p_comm`` from its flags: on (Megatron's default) unless
     ``--no-overlap-p2p-communication``; Megatron turns it off itself without interleaving."""
-    return parse_flags(args, source).get("overlap_p2p_comm", True)
+    return parse_flags(args, source, only={"overlap_p2p_comm"}).get("overlap_p2p_comm", True)
 
 
 # Flags that change the schedule in ways not simulated here: the plan says so once
@@ -35,7 +35,7 @@ _UNSIMULATED = {
 def unsimulated(args: Sequence[str], source: str = "megatron_args") -> tuple[str, ...]:
     """The job's flags whose schedule the simulator does not model, each with what it
     simulates instead; the flags themselves stay on the job's runs."""
-    flags = parse_flags(args, source)
+    flags = parse_flags(args, source, only=_UNSIMULATED)
     return tuple(note for dest, note in _UNSIMULATED.items() if flags.get(dest))
 
 

@@ -17,6 +17,7 @@ from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.files import read_log_opening, read_text
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
+from ray_layout.model.megatron_recipe import sourced_file
 from ray_layout.model.run_log import holds_arguments_block
 from ray_layout.model.script_rewrite import rewrite_split
 from ray_layout.model.split import current_layout
@@ -59,7 +60,10 @@ def write_tuned_script(settings: ModelSettings, out: str, layout: Layout, commen
         )
     text = read_text(path, source)
     try:
-        written = rewrite_split(text, source, layout, comment, settings.overrides().environment)
+        overrides = settings.overrides()
+        written = rewrite_split(
+            text, source, layout, comment, overrides.environment, overrides.arguments, sourced_file
+        )
     except ShellError as exc:
         raise ConfigError(str(exc)) from None
     _check_reads_back(settings, written, layout, out)

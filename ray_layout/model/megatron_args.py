@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -189,9 +189,11 @@ def parse_flags(
     source: str,
     unresolved: Sequence[bool] | None = None,
     table: FlagTable | None = None,
+    only: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """Megatron's argparse over a command's arguments: dest -> typed value, the last one winning
-    (``table``: a fork's, else core's).
+    (``table``: a fork's, else core's; ``only``: the dests the caller reads, the others walked
+    over untyped, so that a fork's own value of a flag core types otherwise is no error).
 
     Words that no flag takes, and flags the table does not know, are skipped.  A word marked in
     ``unresolved`` (a value the job's environment gives) keeps its text untyped: it is an error
@@ -200,7 +202,7 @@ def parse_flags(
     parsed: dict[str, Any] = {}
     for use in walk_flags(words, source, strict=False, table=table, keep_unknown=True):
         entry = use.entry
-        if not use.known:
+        if not use.known or (only is not None and entry["dest"] not in only):
             continue
         if entry["nargs"] == 0:
             parsed[entry["dest"]] = _switch(use.flag, entry)

@@ -121,7 +121,7 @@ def _without_vanished(
     return tuple(kept)
 
 
-def _sourced_file(path: str) -> str | None:
+def sourced_file(path: str) -> str | None:
     """A file the script ``source``s, read as every input file is; None where there is none
     (the reader then says what it may have set is unknown)."""
     if not Path(path).is_file():
@@ -134,9 +134,7 @@ def _load(text: str, source: str, name: str, overrides: Overrides) -> Recipe:
     profiling run is the user's job) and what the job's environment gets
     (``Recipe.environment``: NCCL and CUDA settings change what a run measures)."""
     try:
-        launch = read_launch(
-            text, source, overrides.environment, overrides.arguments, _sourced_file
-        )
+        launch = read_launch(text, source, overrides.environment, overrides.arguments, sourced_file)
     except ShellError as exc:
         raise ConfigError(str(exc)) from None
     words = [w.text for w in launch.arguments]
@@ -158,6 +156,16 @@ def _load(text: str, source: str, name: str, overrides: Overrides) -> Recipe:
         said = ", ".join(dialect.marks(words, entry_point)[:3])
         notes.append(f"{source}: read as {dialect.name}'s command line ({said})")
     notes += reading.notes
+    if parsed.get("spec"):  # the user's own layer classes: their parameters are theirs
+        spec = (
+            " ".join(map(str, parsed["spec"]))
+            if isinstance(parsed["spec"], list)
+            else parsed["spec"]
+        )
+        notes.append(
+            f"{source}: --spec {spec} builds layers of its own: sized as megatron-core's "
+            "standard GPT layers of the same flags"
+        )
     world = None if "dp" in overrides.sizes else _world_size(launch.launcher, source)
     recipe = _recipe(parsed, world, name, source, launch, overrides, table, reading.parallel)
     if "dp" in overrides.sizes:

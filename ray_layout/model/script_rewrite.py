@@ -10,12 +10,13 @@ from.  Every other byte stays, so ``diff`` shows the split and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ray_layout.model.layout import Layout
 from ray_layout.model.megatron_args import FlagUse, walk_flags
 from ray_layout.model.split import SPLIT_FLAGS
+from ray_layout.shell.interpreter import FileReader
 from ray_layout.shell.launch import read_launch
 from ray_layout.shell.refusal import ShellError
 from ray_layout.shell.values import ExpandedWord
@@ -38,10 +39,13 @@ def rewrite_split(
     layout: Layout,
     comment: str,
     environment: Mapping[str, str] | None = None,
+    arguments: Sequence[str] | None = None,
+    read_file: FileReader | None = None,
 ) -> str:
     """``text`` with its split set to ``layout`` and ``comment`` as one new line near the top;
-    a :class:`ShellError` where a split flag's words are computed rather than written."""
-    launch = read_launch(text, source, environment)
+    a :class:`ShellError` where a split flag's words are computed rather than written.  The
+    script is read as the loader read it (its environment, arguments and sourced files)."""
+    launch = read_launch(text, source, environment, arguments, read_file)
     arguments = launch.arguments
     words = [w.text for w in arguments]
     uses = list(walk_flags(words, source, strict=False, keep_unknown=True))

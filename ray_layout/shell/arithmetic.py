@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 
 from ray_layout.errors import quoted
 from ray_layout.shell.escapes import as_argv, backslash_escape
@@ -72,6 +73,10 @@ _TOKEN = re.compile(
 Assign = Callable[[str, int], None]
 
 
+class BeyondReach(ValueError):
+    """Arithmetic past this reader's bounds (not an error of bash's): its value is unknown."""
+
+
 def evaluate_arithmetic(
     expression: str, lookup: Callable[[str], str | None], assign: Assign | None = None
 ) -> int:
@@ -81,13 +86,13 @@ def evaluate_arithmetic(
     try:
         return _Reader(expression.strip(), lookup, 0, assign).whole()
     except RecursionError:
-        raise ValueError(f"{quoted(expression.strip())} is nested too deeply") from None
+        raise BeyondReach(f"{quoted(expression.strip())} is nested too deeply") from None
 
 
 def _evaluate(expression: str, lookup: Callable[[str], str | None], depth: int) -> int:
     """A variable's text as an expression (no assignment: bash's values are read, not run)."""
     if depth > MAX_VARIABLE_DEPTH:
-        raise ValueError("variables refer to each other too deeply")
+        raise BeyondReach("variables refer to each other too deeply")
     return _Reader(expression.strip(), lookup, depth, None).whole()
 
 
@@ -99,7 +104,8 @@ def _wrap(value: int) -> int:
     return (value + _BITS // 2) % _BITS - _BITS // 2
 
 
-def _tokens(text: str) -> list[str]:
+@lru_cache(maxsize=4096)
+def _tokens(text: str) -> tuple[str, ...]:
     """The expression's tokens; ``++``/``--`` only where bash reads an increment (next to a
     name), elsewhere two signs (``--1`` is 1), as bash's tokenizer decides."""
     tokens: list[str] = []
@@ -118,7 +124,7 @@ def _tokens(text: str) -> list[str]:
             if not (after_name or before_name):
                 token, position = token[0], position - 1
         tokens.append(token)
-    return tokens
+    return tuple(tokens)
 
 
 def _is_name(token: str) -> bool:
@@ -152,7 +158,7 @@ class _Reader:
     def nested(self) -> Iterator[None]:
         self.nesting += 1
         if self.nesting > MAX_NESTING:
-            raise self.error("is nested too deeply")
+            raise BeyondReach(f"{quoted(self.text)} is nested too deeply")
         yield
         self.nesting -= 1
 

@@ -10,21 +10,33 @@ import itertools
 import re
 
 from ray_layout.shell.refusal import ShellError
-from ray_layout.shell.tokens import Literal, Part, Word
+from ray_layout.shell.tokens import Literal, Part, Reference, Word
 
 MAX_WORDS = 100_000
 Item = tuple[str, int, bool] | Part  # a character (text, offset, quoted), or a whole expansion
 _SEQUENCE = re.compile(r"(-?\w+)\.\.(-?\w+)(?:\.\.(-?\d+))?")
 
 
-def brace_words(word: Word) -> list[Word]:
-    """The words ``word`` stands for after brace expansion (itself where it has none)."""
+def brace_words(word: Word) -> list[Word] | None:
+    """The words ``word`` stands for after brace expansion (itself where it has none); None
+    where bash would read the result anew differently (``{$V,w}post``: ``$Vpost``)."""
     if not any(isinstance(p, Literal) and not p.quoted and "{" in p.text for p in word.parts):
         return [word]
     alternatives = _expand(_items(word))
     if len(alternatives) == 1:
         return [word]
+    if any(_joins_a_name(items) for items in alternatives):
+        return None
     return [Word(_parts(items), word.line, word.start, word.end) for items in alternatives]
+
+
+def _joins_a_name(items: list[Item]) -> bool:
+    """A ``$NAME`` now followed by a name's character: bash would read a longer name."""
+    for before, after in itertools.pairwise(items):
+        bare = isinstance(before, Reference) and not before.source.startswith("${")
+        if bare and isinstance(after, tuple) and (after[0].isalnum() or after[0] == "_"):
+            return True
+    return False
 
 
 def _items(word: Word) -> list[Item]:
@@ -70,7 +82,7 @@ def _close(items: list[Item], start: int) -> tuple[int | None, list[int]]:
     for index in range(start, len(items)):
         if _is(items[index], "{"):
             depth += 1
-        elif _is(items[index], "}"):
+        elif _is(items[index], "}") and not (depth == 1 and index == start + 1):  # "{}" is no close
             depth -= 1
             if depth == 0:
                 return index, commas

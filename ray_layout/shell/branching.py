@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ray_layout.shell.builtins import matches, whole_word
 from ray_layout.shell.flow import Break, Exit, Return, Status, Uncertain, Unknown
 from ray_layout.shell.state import State, merge
-from ray_layout.shell.syntax import Case
+from ray_layout.shell.syntax import Case, Commands, If
 
 if TYPE_CHECKING:
     from ray_layout.shell.interpreter import Interpreter
@@ -105,3 +105,61 @@ def case(interp: Interpreter, node: Case, state: State) -> Status:
                     [lambda s, b=b: interp.sequence(b, s) for b in others],
                 )
     return 0
+
+
+def if_command(interp: Interpreter, node: If, state: State) -> Status:
+    for position, (condition, body) in enumerate(node.clauses):
+        status, unset = test(interp, condition, state)
+        if isinstance(status, Unknown):
+            rest = [b for _, b in node.clauses[position + 1 :]]
+            tail = If(node.clauses[position + 1 :], node.otherwise, node.line)
+            bodies = [lambda s, body=body: interp.sequence(body, s)]
+            bodies.append(
+                (lambda s, tail=tail: if_command(interp, tail, s))
+                if rest
+                else (lambda s: interp.sequence(node.otherwise, s) if node.otherwise else 0)
+            )
+            return branches(interp, bodies, status.reason, state)
+        if status == 0:
+            others = [b for _, b in node.clauses if b is not body]
+            others += [node.otherwise] if node.otherwise else []
+            return decided(
+                interp,
+                lambda s, body=body: interp.sequence(body, s),
+                unset,
+                state,
+                [lambda s, b=b: interp.sequence(b, s) for b in others],
+            )
+        if unset:
+            taken_later = If(node.clauses[position + 1 :], node.otherwise, node.line)
+            return decided(
+                interp,
+                lambda s, tail=taken_later: if_command(interp, tail, s),
+                unset,
+                state,
+                [lambda s, body=body: interp.sequence(body, s)],
+            )
+    if node.otherwise is not None:
+        return interp.sequence(node.otherwise, state)
+    return 0
+
+
+def test(interp: Interpreter, condition: Commands, state: State) -> tuple[Status, tuple[str, ...]]:
+    """A condition's status, and the unset variables (taken as empty) that decided it."""
+    before = len(interp.decided_by)
+    interp.checking += 1
+    try:
+        status = sequence_unchecked(interp, condition, state)
+    finally:
+        interp.checking -= 1
+    decided = tuple(dict.fromkeys(interp.decided_by[before:]))
+    del interp.decided_by[before:]
+    return status, decided
+
+
+def sequence_unchecked(interp: Interpreter, commands: Commands, state: State) -> Status:
+    """A condition's list: ``set -e`` does not apply to it."""
+    status: Status = 0
+    for node, _ in commands.items:
+        status = interp.run(node, state)
+    return status

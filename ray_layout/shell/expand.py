@@ -7,12 +7,22 @@ its value matters."""
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ray_layout.errors import clipped
-from ray_layout.shell.arithmetic import evaluate_arithmetic
+from ray_layout.shell.arithmetic import BeyondReach, evaluate_arithmetic
 from ray_layout.shell.braces import brace_words
+from ray_layout.shell.lexer import tokenize
 from ray_layout.shell.patterns import TRANSFORMS, edited, glob_regex, sliced
-from ray_layout.shell.tokens import Literal, Part, Reference, Substitution, Word
+from ray_layout.shell.tokens import (
+    Literal,
+    Part,
+    Reference,
+    Substitution,
+    Word,
+    written,
+    written_word,
+)
 from ray_layout.shell.values import (
     EMPTY,
     ExpandedWord,
@@ -23,10 +33,12 @@ from ray_layout.shell.values import (
     Value,
     Variables,
     hole,
+    ifs_of,
     join,
     missing_of,
     missing_reason,
     not_set,
+    note_unset,
     present,
     split,
 )
@@ -37,6 +49,8 @@ def expand(token: Word, variables: Variables) -> list[ExpandedWord]:
     per element, an unquoted expansion to nothing no word at all.  A word with a value this
     reader does not have is one word, as written, with the reason."""
     braced = brace_words(token)
+    if braced is None:
+        return [_placeholder(token, "a brace expansion bash reads anew (a $NAME it lengthens)")]
     if len(braced) > 1:
         return [word for each in braced for word in expand(each, variables)]
     fields = _Fields(variables)
@@ -137,13 +151,13 @@ class _Fields:
                 self.join(element)
             self.null |= len(value) == 1 and not value[0].text
             return
-        text = join(list(value), _ifs(self.variables)[:1]) if isinstance(value, tuple) else value
+        text = join(list(value), ifs_of(self.variables)[:1]) if isinstance(value, tuple) else value
         if part.quoted:
             self.join(text)
             self.null |= not text.text
             return
         elements = value if isinstance(value, tuple) else (value,)
-        ifs = _ifs(self.variables)
+        ifs = ifs_of(self.variables)
         self.split_in(text, [piece for element in elements for piece in split(element, ifs)])
 
     def split_in(self, text: Text, pieces: list[Text]) -> None:
@@ -192,9 +206,9 @@ def expand_whole(token: Word, variables: Variables, *, holes: bool = False) -> E
     for part in token.parts:
         value = part if isinstance(part, Literal) else part_value(part, variables)
         if isinstance(value, Unresolved) and holes:
-            value = hole(_source_of(part), value.reason)
+            value = hole(written(part), value.reason)
         if isinstance(value, Unresolved):
-            return ExpandedWord(self_text(token), token.line, (), value.reason)
+            return ExpandedWord(written_word(token), token.line, (), value.reason)
         if isinstance(value, Literal):
             text += Text(value.text, value.offsets)
         elif isinstance(value, tuple):
@@ -207,7 +221,7 @@ def expand_whole(token: Word, variables: Variables, *, holes: bool = False) -> E
 def part_value(part: Part, variables: Variables) -> Value:
     if isinstance(part, Substitution):
         if part.kind == "arithmetic":
-            return arithmetic(part, variables)
+            return arithmetic_text(part.text, variables, clipped(part.source))
         substitute = getattr(variables, "substitute", None)
         if part.kind == "command" and substitute is not None:
             return substitute(part)
@@ -221,10 +235,6 @@ def part_value(part: Part, variables: Variables) -> Value:
 MAX_ARITHMETIC_LOOKUPS = 100_000  # a variable fan-out (a1='a0+a0', a2='a1+a1', ...) ends here
 
 
-def arithmetic(part: Substitution, variables: Variables) -> Value:
-    return arithmetic_text(part.text, variables, clipped(part.source))
-
-
 def arithmetic_text(body: str, variables: Variables, shown: str) -> Value:
     """``body`` (its ``$NAME`` expanded first) as bash's arithmetic; assignments set
     ``variables``.  A value this reader does not have, or text that is no arithmetic, is
@@ -236,7 +246,7 @@ def arithmetic_text(body: str, variables: Variables, shown: str) -> Value:
         nonlocal lookups
         lookups += 1
         if lookups > MAX_ARITHMETIC_LOOKUPS:
-            raise ValueError(f"reads variables more than {MAX_ARITHMETIC_LOOKUPS:,} times")
+            raise BeyondReach(f"reads variables more than {MAX_ARITHMETIC_LOOKUPS:,} times")
         value = variables.get(name)
         if isinstance(value, tuple):  # an array's name is its first element, as in bash
             value = value[0] if value else None
@@ -245,7 +255,7 @@ def arithmetic_text(body: str, variables: Variables, shown: str) -> Value:
             return value.text
         if value is None:
             unset.append(name)
-            _used_unset(variables, name)
+            note_unset(variables, name)
             return None
         raise _Unknown(value.reason if isinstance(value, Unresolved) else value.unresolved)
 
@@ -261,7 +271,9 @@ def arithmetic_text(body: str, variables: Variables, shown: str) -> Value:
         return Text(number, (-1,) * len(number), missing)
     except _Unknown as exc:
         return Unresolved(f"{shown} uses {exc}")
-    except ValueError as exc:
+    except BeyondReach as exc:
+        return Unresolved(f"{shown}: {exc}")
+    except ValueError as exc:  # bash's own error: it skips the rest of the line
         raise Failed(f"{shown}: {exc}", stops=False) from None
 
 
@@ -281,11 +293,12 @@ def reference(part: Reference, variables: Variables) -> Value:
         whole = variables.get(name)
         if isinstance(whole, Unresolved):
             return whole
-        if part.index not in (None, "@", "*"):
-            element = _value_of(part, variables)
-            return element if isinstance(element, Unresolved) else Text.of(str(_length(element)))
-        if part.index is None and part.name not in ("@", "*"):
-            return Text.of(str(_length(_value_of(part, variables))))  # ${#A}: of ${A[0]}
+        if part.index not in (None, "@", "*") or part.name not in ("@", "*"):
+            element = _value_of(part, variables)  # ${#A[1]}; ${#A} is of ${A[0]}
+            if isinstance(element, Unresolved):
+                return element
+            if part.index not in ("@", "*"):
+                return Text.of(str(len(element.text) if isinstance(element, Text) else 0))
         count = len(present(whole)) if isinstance(whole, tuple) else len(whole.text) if whole else 0
         return Text.of(str(count))
     if takes_word(part, variables):
@@ -314,23 +327,11 @@ def reference(part: Reference, variables: Variables) -> Value:
             return target if target is not None else Text("", (), (value.text,))
         return Unresolved(f"{clipped(part.source)} (an indirection this reader does not follow)")
     if value is None:  # as in bash, nothing; remembered, for where the value matters
-        _used_unset(variables, name)
+        note_unset(variables, name)
         return Text("", (), (name,))
     if operator in TRANSFORMS:
         return _transform(part, value, variables)
     return value
-
-
-def _used_unset(variables: Variables, name: str) -> None:
-    """Tell the interpreter (``set -u`` stops there) that a plain reference found ``name``
-    unset."""
-    note = getattr(variables, "unset", None)
-    if note is not None and not name.isdigit() and name not in ("@", "*", "#"):
-        note(name)
-
-
-def _length(value: Value | None) -> int:
-    return len(value.text) if isinstance(value, Text) else 0
 
 
 def _transform(part: Reference, value: Value, variables: Variables) -> Value:
@@ -381,18 +382,13 @@ def pattern_of(parts: tuple[Part, ...], variables: Variables) -> re.Pattern[str]
         text = join(list(present(value)), " ") if isinstance(value, tuple) else value
         quoted = isinstance(part, Reference | Substitution) and part.quoted
         pieces.append(re.escape(text.text) if quoted else glob_regex(text.text))
-    written = "".join(p.text if isinstance(p, Literal) else p.source for p in parts)
-    if getattr(variables, "extglob", False) and re.search(r"[?*+@!]\(", written):
-        return Unresolved(f"the extended pattern {clipped(written)} (shopt -s extglob)")
+    shown = "".join(map(written, parts))
+    if getattr(variables, "extglob", False) and re.search(r"[?*+@!]\(", shown):
+        return Unresolved(f"the extended pattern {clipped(shown)} (shopt -s extglob)")
     try:
         return re.compile("".join(pieces), re.DOTALL)
     except re.error as exc:
         return Unresolved(f"a pattern this reader does not read ({exc})")
-
-
-def _ifs(variables: Variables) -> str:
-    value = variables.get("IFS")
-    return value.text if isinstance(value, Text) else " \t\n"
 
 
 _SHELL_ONLY = ("$", "!", "-")  # $? is the interpreter's, where it knows the status
@@ -439,25 +435,13 @@ def array_index(index: str, variables: Variables, shown: str) -> int | Unresolve
 def _placeholder(token: Word, reason: str, missing: tuple[str, ...] = ()) -> ExpandedWord:
     """A word whose value this reader does not have: the word as written, and why; only its
     first character's offset is kept (for its line), so no rewrite ever touches it."""
-    text = self_text(token)
-    offsets = (token.start,) + (-1,) * (len(text) - 1)
-    return ExpandedWord(text, token.line, offsets, reason, missing, vanishes=bool(missing))
+    text = written_word(token)
+    offsets = (token.start, *(-1,) * (len(text) - 1))
+    return ExpandedWord(text, token.line, offsets, reason, missing, bool(missing))
 
 
-def self_text(token: Word) -> str:
-    """The word as written in the script."""
-    return "".join(_source_of(part) for part in token.parts)
-
-
-def _source_of(part: Part) -> str:
-    if isinstance(part, Literal):
-        return part.text
-    return part.source
-
-
+@lru_cache(maxsize=4096)  # a loop evaluates the same arithmetic each pass; words are frozen
 def _literal_word(text: str) -> Word:
     """An arithmetic body as one word, so that its ``$NAME`` references expand."""
-    from ray_layout.shell.lexer import tokenize as _tokenize
-
-    words = [t for t in _tokenize(f'"{text}"', "arithmetic") if isinstance(t, Word)]
+    words = [t for t in tokenize(f'"{text}"', "arithmetic") if isinstance(t, Word)]
     return words[0] if words else Word((), 0, 0, 0)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from ray_layout.errors import clipped
-from ray_layout.shell import assignments, branching, builtins, loops, nested
+from ray_layout.shell import assignments, branching, builtins, loops, nested, simple
 from ray_layout.shell.expand import expand
 from ray_layout.shell.flow import Break, Exit, Return, Status, Uncertain, Unknown
 from ray_layout.shell.parse import parse
@@ -28,7 +28,6 @@ from ray_layout.shell.refusal import ShellError
 from ray_layout.shell.relocate import Placement
 from ray_layout.shell.state import Scope, State
 from ray_layout.shell.syntax import (
-    DECLARATIONS,
     AndOr,
     Arithmetic,
     ArithmeticFor,
@@ -217,7 +216,7 @@ class Interpreter:
     def run_node(self, node: Node, state: State) -> Status:
         if isinstance(node, Simple):
             try:
-                return self.simple(node, state)
+                return simple.run_simple(self, node, state)
             except Failed as failed:
                 if failed.stops:
                     why = f"line {node.line}: {failed.message}, so bash stops there"
@@ -234,7 +233,7 @@ class Interpreter:
         if isinstance(node, Subshell):
             return self.subshell(lambda s: self.sequence(node.body, s), state)
         if isinstance(node, If):
-            return self.if_command(node, state)
+            return branching.if_command(self, node, state)
         if isinstance(node, For | ArithmeticFor | While):
             return loops.loop(self, node, state)
         if isinstance(node, Case):
@@ -328,108 +327,7 @@ class Interpreter:
             state.impure = state.impure or inner.impure
         return status
 
-    def if_command(self, node: If, state: State) -> Status:
-        for position, (condition, body) in enumerate(node.clauses):
-            status, decided = self.test(condition, state)
-            if isinstance(status, Unknown):
-                rest = [b for _, b in node.clauses[position + 1 :]]
-                tail = If(node.clauses[position + 1 :], node.otherwise, node.line)
-                bodies = [lambda s, body=body: self.sequence(body, s)]
-                bodies.append(
-                    (lambda s, tail=tail: self.if_command(tail, s))
-                    if rest
-                    else (lambda s: self.sequence(node.otherwise, s) if node.otherwise else 0)
-                )
-                return branching.branches(self, bodies, status.reason, state)
-            if status == 0:
-                others = [b for _, b in node.clauses if b is not body]
-                others += [node.otherwise] if node.otherwise else []
-                return branching.decided(
-                    self,
-                    lambda s, body=body: self.sequence(body, s),
-                    decided,
-                    state,
-                    [lambda s, b=b: self.sequence(b, s) for b in others],
-                )
-            if decided:
-                taken_later = If(node.clauses[position + 1 :], node.otherwise, node.line)
-                return branching.decided(
-                    self,
-                    lambda s, tail=taken_later: self.if_command(tail, s),
-                    decided,
-                    state,
-                    [lambda s, body=body: self.sequence(body, s)],
-                )
-        if node.otherwise is not None:
-            return self.sequence(node.otherwise, state)
-        return 0
-
-    def test(self, condition: Commands, state: State) -> tuple[Status, tuple[str, ...]]:
-        """A condition's status, and the unset variables (taken as empty) that decided it."""
-        before = len(self.decided_by)
-        self.checking += 1
-        try:
-            status = self.sequence_unchecked(condition, state)
-        finally:
-            self.checking -= 1
-        decided = tuple(dict.fromkeys(self.decided_by[before:]))
-        del self.decided_by[before:]
-        return status, decided
-
-    def sequence_unchecked(self, commands: Commands, state: State) -> Status:
-        """A condition's list: ``set -e`` does not apply to it."""
-        status: Status = 0
-        for node, _ in commands.items:
-            status = self.run(node, state)
-        return status
-
-    # --- loops ------------------------------------------------------------------------------
-
-    # --- simple commands ----------------------------------------------------------------------
-
-    def simple(self, node: Simple, state: State) -> Status:
-        self.step(node.line)
-        self.line = node.line
-        nested.expand_heredoc(self, node, state)
-        plain = [w for w in node.words if isinstance(w, Word)]
-        self.substitution_status: Status = 0
-        words = self.words(plain[:1], state) if plain else []
-        name = words[0].text if words and not words[0].unknown else None
-        if name in DECLARATIONS:
-            return assignments.declaration(self, name, node, state)
-        words = self.words(plain, state) if plain else []
-        if not words:  # bare assignments (or a command expanded to nothing): they stay
-            for token in node.assignments:
-                assignments.assign(self, token, state, export=False)
-            return self.substitution_status  # $? of X=$(cmd) is cmd's
-        if node.assignments and self.runs_here(words, state):
-            return self.with_prefixes(words, node, state)
-        return self.command(words, node, state)
-
-    def runs_here(self, words: list[ExpandedWord], state: State) -> bool:
-        """Whether the command runs in this shell (a function or a builtin), so that its
-        ``NAME=value`` prefixes are the shell's variables while it runs."""
-        name = words[0].text
-        return not words[0].unknown and (name in state.functions or name in builtins.BUILTINS)
-
-    def with_prefixes(self, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-        """``X=1 f``: X holds 1 while the function or builtin runs, then what it held."""
-        saved = {}
-        for token in node.assignments:
-            target = assignments.target_name(token)
-            if target is not None and target not in saved:
-                saved[target] = (state.lookup(target), state.exported.get(target))
-            assignments.assign(self, token, state, export=True)
-        try:
-            return self.command(words, node, state)
-        finally:
-            for target, (value, exported) in saved.items():
-                if value is None:
-                    state.remove(target)
-                else:
-                    state.store(target, value, node.line)
-                if exported is None:
-                    state.exported.pop(target, None)
+    # --- commands ---------------------------------------------------------------------------
 
     def check_nounset(self, scope: Scope, state: State, line: int) -> None:
         """``set -u``: bash stops where a plain ``$NAME`` (not ``${NAME:-}``) of an unset
@@ -443,7 +341,7 @@ class Interpreter:
         """Run a command by its name: a function, a builtin, or an external command (recorded)."""
         name = words[0].text if not words[0].unknown else None
         if name is not None and name in state.functions:
-            return self.call(state.functions[name], words, state)
+            return simple.call(self, state.functions[name], words, state)
         builtin = builtins.BUILTINS.get(name or "")
         if builtin is not None:
             return builtin(self, words, node, state)
@@ -471,26 +369,6 @@ class Interpreter:
         nested.run_nested_shell(self, words, node, state)
         nested.run_heredoc_script(self, words, node, state)
         return Unknown(f"the outcome of {clipped(words[0].text)} (line {node.line})")
-
-    def call(self, function: FunctionDefinition, words: list[ExpandedWord], state: State) -> Status:
-        saved = state.positional
-        self.enter(function.line, f"function {function.name}")
-        state.positional = tuple(Text(w.text, w.offsets, w.missing) for w in words[1:])
-        state.scopes.append({})
-        state.function_names.insert(0, function.name)
-        self.frames += 1
-        try:
-            return self.run(function.body, state)
-        except Return as returned:
-            return returned.status
-        except Uncertain as uncertain:
-            raise Uncertain(f"function {function.name}: {uncertain.reason}") from None
-        finally:
-            self.frames -= 1
-            state.function_names.pop(0)
-            state.scopes.pop()
-            state.positional = saved
-            self.depth -= 1
 
     def enter(self, line: int, what: str) -> None:
         self.depth += 1

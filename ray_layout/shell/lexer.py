@@ -8,12 +8,14 @@ written.  ``ray_layout.shell.parse`` builds the commands from them.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ray_layout.errors import quoted
-from ray_layout.shell import heredocs
+from ray_layout.shell import heredocs, parameters
 from ray_layout.shell.escapes import as_argv, backslash_escape
 from ray_layout.shell.refusal import ShellError
 from ray_layout.shell.tokens import (
+    SPECIAL_PARAMETERS,
     ArrayLiteral,
     Literal,
     Operator,
@@ -33,12 +35,6 @@ _OPERATORS = (
     *(";", "&", "|", "(", ")", "<", ">"),
 )
 _METACHARACTERS = frozenset(" \t\n;&|()<>")
-_SPECIAL_PARAMETERS = frozenset("@*#?$!-0123456789")
-# After ``${NAME``: each before any that is its prefix; ``#``/``%`` take a second (``##``).
-_BRACE_OPERATORS = (
-    *(":-", ":=", ":+", ":?", "-", "=", "+", "?"),
-    *("#", "%", "/", "^^", "^", ",,", ",", ":"),
-)
 
 
 class Lexer:
@@ -172,9 +168,17 @@ class Lexer:
                 text.clear()
                 offsets.clear()
 
+        plain = _plain_run(stop, quoted)
         while (char := self.peek()) != "" and (
             char not in stop or (not quoted and self.at_process_substitution())
         ):
+            run = plain.match(self.text, self.pos)
+            if run is not None:  # characters that are only themselves, taken at once
+                taken = run.group()
+                text.append(taken)
+                offsets.extend(range(self.pos, self.pos + len(taken)))
+                self.advance(len(taken))
+                continue
             if char == "\\":
                 following = self.peek(1)
                 if following == "\n":
@@ -322,8 +326,8 @@ class Lexer:
             kind = "arithmetic" if arithmetic else "command"
             return Substitution(kind, body, quoted, self.text[start : self.pos])
         if following == "{":
-            return self.braced(quoted, depth)
-        if following in _SPECIAL_PARAMETERS:
+            return parameters.braced(self, quoted, depth)
+        if following in SPECIAL_PARAMETERS:
             self.advance(2)
             return Reference(following, None, None, (), quoted, self.text[start : self.pos])
         if following.isascii() and (following.isalpha() or following == "_"):
@@ -361,78 +365,13 @@ class Lexer:
             else:
                 self.advance()
 
-    def braced(self, quoted: bool, depth: int) -> Reference:
-        start, line = self.pos, self.line
-        self.advance(2)
-        length = self.peek() == "#" and self.peek(1) not in ("}", "")
-        indirect = self.peek() == "!"
-        self.advance(length or indirect)
-        name_start = self.pos
-        if self.peek().isdigit():
-            while self.peek().isdigit():
-                self.advance()
-        elif self.peek() in _SPECIAL_PARAMETERS:
-            self.advance()
-        else:
-            while self.peek().isascii() and (self.peek().isalnum() or self.peek() == "_"):
-                self.advance()
-        name = self.text[name_start : self.pos]
-        index = None
-        if self.peek() == "[":
-            close = self.text.find("]", self.pos)
-            if close < 0:
-                raise self.error("a '${NAME[' is never closed", line)
-            index = self.text[self.pos + 1 : close]
-            self.advance(close - self.pos + 1)
-        operator = next((op for op in _BRACE_OPERATORS if self.text.startswith(op, self.pos)), None)
-        argument: list[Part] = []
-        replacement: list[Part] | None = None
-        if operator is not None:
-            self.advance(len(operator))
-            if operator in ("#", "%") and self.peek() == operator:  # ## and %%: longest match
-                operator += self.advance()
-            if operator == "/" and self.peek() in "/#%" and self.peek():
-                operator += self.advance()
-            stop = "/}" if operator.startswith("/") else "}"
-            # the word after the operator is read with its own quotes, inside "..." too: a
-            # pattern stays a pattern, a "quoted" default loses its quotes; there a single
-            # quote quotes only in a pattern, as bash reads it
-            singles = not quoted or operator[0] in "#%/"
-            argument = self.parts(stop=stop, quoted=False, depth=depth + 1, singles=singles)
-            if operator.startswith("/") and self.peek() == "/":
-                self.advance()
-                replacement = self.parts(stop="}", quoted=False, depth=depth + 1, singles=singles)
-        elif self.peek() != "}":
-            operator = "unsupported"
-            self.skip_to_brace(line)
-        if self.peek() != "}":
-            raise self.error("a '${' is never closed", line)
-        self.advance()
-        if length:
-            operator = "length" if operator is None else "unsupported"
-        if indirect and operator is None and index in ("@", "*"):
-            operator = "keys"  # ${!A[@]}: the array's indices
-        elif indirect:
-            operator = "!" if operator is None and index is None else "unsupported"
-        if not name:
-            operator = "unsupported"
-        return Reference(
-            name,
-            index,
-            operator,
-            tuple(argument),
-            quoted,
-            self.text[start : self.pos],
-            None if replacement is None else tuple(replacement),
-        )
 
-    def skip_to_brace(self, line: int) -> None:
-        depth = 0
-        while (char := self.peek()) != "" and (char != "}" or depth):
-            depth += (char == "{") - (char == "}")
-            self.advance()
-        if char == "":
-            raise self.error("a '${' is never closed", line)
+@lru_cache(maxsize=64)
+def _plain_run(stop: frozenset[str] | str, quoted: bool) -> re.Pattern[str]:
+    """A run of characters that stand for themselves where ``parts`` reads: no quote, escape,
+    expansion, redirection (a ``<(`` starts a word of its own) or character of ``stop``."""
+    special = set(stop) | set("\\$`") | (set() if quoted else set("'\"<>"))
+    return re.compile("[^" + re.escape("".join(sorted(special))) + "]+")
 
 
 def tokenize(text: str, source: str) -> list[Token]:

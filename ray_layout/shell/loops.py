@@ -94,7 +94,7 @@ def arithmetic_for(interp: Interpreter, node: ArithmeticFor, state: State) -> St
 def while_loop(interp: Interpreter, node: While, state: State) -> Status:
     while True:
         interp.step(node.line)
-        status, decided = interp.test(node.condition, state)
+        status, decided = branching.test(interp, node.condition, state)
         if isinstance(status, Unknown):
             what = f"a while loop at line {node.line} on {status.reason}"
             unknown_body(interp, node.body, state, what)

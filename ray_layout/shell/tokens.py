@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# $@ $* $# $? $$ $! $- and $0-$9: the names a $ takes one character of
+SPECIAL_PARAMETERS = frozenset("@*#?$!-0123456789")
+
 
 @dataclass(frozen=True)
 class Literal:
@@ -100,3 +103,13 @@ class Heredoc:
 
 
 Token = Word | ArrayLiteral | Operator | Heredoc
+
+
+def written(part: Part) -> str:
+    """A part as the script wrote it."""
+    return part.text if isinstance(part, Literal) else part.source
+
+
+def written_word(token: Word) -> str:
+    """The word as written in the script."""
+    return "".join(written(part) for part in token.parts)

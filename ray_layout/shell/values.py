@@ -229,3 +229,16 @@ def elements(value: Value) -> tuple[Text, ...]:
     if isinstance(value, Text):
         return (value,) if value.text else ()
     return ()
+
+
+def note_unset(variables: Variables, name: str) -> None:
+    """Tell the interpreter (``set -u`` stops there) that a plain reference found ``name``
+    unset."""
+    note = getattr(variables, "unset", None)
+    if note is not None and not name.isdigit() and name not in ("@", "*", "#"):
+        note(name)
+
+
+def ifs_of(variables: Variables) -> str:
+    value = variables.get("IFS")
+    return value.text if isinstance(value, Text) else " \t\n"

@@ -310,7 +310,8 @@ def test_overrides_go_in_before_anything_is_checked():
         "no current layout",
     )
     kept = load_megatron_command_line(script, overrides=Overrides(sizes={"pp": 2, "dp": 1}))
-    assert kept.split.first_stage_layers == 3 and kept.notes == ()  # the same PP keeps it
+    assert kept.split.first_stage_layers == 3  # the same PP keeps it
+    assert kept.notes == ("command line: taken as empty, as bash does (never set): $NN",)
 
 
 def test_a_size_override_stands_for_a_flag_the_environment_gives():

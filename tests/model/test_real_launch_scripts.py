@@ -7,6 +7,7 @@ way a script can defeat a static reading, as a small script of its own."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,17 +79,17 @@ CASES = {
         ("--pp", "4", "--top", "1"),
         strip=("--megatron-fsdp-grad-comm-dtype", "--megatron-fsdp-main-grads-dtype"),
     ),
-    # MOE_LAYER_FREQ is built by a command substitution (needs a real shell): given as the
-    # value it computes; the model file sets no --seq-length.
+    # MOE_LAYER_FREQ is built by a loop and $(IFS=', '; echo ...): read with no hint; the
+    # model file sets no --seq-length.
     "slime_dsv3": Case(
         "real_launch_scripts/slime_deepseek-v3.sh",
-        (*env("MOE_LAYER_FREQ=[0]*3+[1]*58"), "--seq-length", "4096"),
+        ("--seq-length", "4096"),
         671,
         ("--pp", "4", *MICRO),
     ),
     "slime_qwen3": Case(
         "real_launch_scripts/slime_qwen3-30B-A3B.sh",
-        (*env("MOE_LAYER_FREQ=1"), "--seq-length", "4096"),
+        ("--seq-length", "4096"),
         30.5,
         ("--pp", "4", *MICRO),
     ),
@@ -338,3 +339,127 @@ def test_the_written_script_differs_only_in_its_split_and_reads_back_as_the_pick
     back = run_json(capsys, "size", str(out), *flags)
     assert back["layout_source"].startswith("current")
     assert parse_stages(back["layout"]) == parse_stages(report["candidates"][0]["layout"])
+
+
+PAI_ENV = env("RANK=0", "KUBERNETES_CONTAINER_RESOURCE_GPU=8")
+PAI_DATA = ("/mnt/data", "/mnt/data", "/mnt/ckpt")
+
+
+def script_args(*words: str) -> tuple[str, ...]:
+    """A script's own arguments, as ``-- WORDS`` gives them."""
+    return tuple(f"--script-arg={word}" for word in words)
+
+
+# Scripts the reader had never seen (issue 35's samples), read through `size` as a user would,
+# with only the hints SOURCES.md and their READMEs name: (flags, published total in billions).
+FIRST_CONTACT = {
+    "mindspeed_pretrain_deepseek2_236b_8k_ptd.sh": ((), 236),
+    "mindspeed_pretrain_mixtral_8x22b_32k_ptd.sh": ((), 141),
+    "mds_ds_pretrain_gpt_1.3B_PR-MoE64or128.sh": (("--vocab-size", "50257"), 31),
+    "mds_ds_pretrain_gpt_350M_PR-MoE32or64_MoS.sh": (("--vocab-size", "50257", "--ep", "32"), 3.5),
+    "slime/scripts/run-glm4.7-30B-A3B.sh": (("--seq-length", "4096"), 30),
+    "slime/scripts/run-glm5-744B-A40B.sh": (("--seq-length", "4096"), 744),
+    "modelzoo_dnxie_launch_deepseek_v2_lite_direct.sh": (
+        (*env("USER=u"), "--vocab-size", "102400"),
+        15.7,
+    ),
+    "pai_qwen2_run_mcore_qwen2_moe.sh": (
+        (
+            *PAI_ENV,
+            *env("WORLD_SIZE=4"),
+            "--vocab-size",
+            "151643",
+            *script_args(
+                "dlc",
+                "A14B",
+                "1",
+                "8",
+                "1e-5",
+                "1e-6",
+                "128",
+                "128",
+                "bf16",
+                "4",
+                "2",
+                "1",
+                "4",
+                "4",
+                "true",
+                "true",
+                "true",
+                "false",
+                "sel",
+                "false",
+                "100000",
+                *PAI_DATA,
+                "10000",
+                "100",
+                "/mnt/out",
+            ),
+        ),
+        57.41,
+    ),
+    "pai_moonlight_run_mcore_moonlight.sh": (
+        (
+            *PAI_ENV,
+            *env("WORLD_SIZE=1"),
+            "--vocab-size",
+            "163840",
+            *script_args(
+                "dlc",
+                "A3B",
+                "1",
+                "8",
+                "1e-5",
+                "1e-6",
+                "1024",
+                "1024",
+                "bf16",
+                "1",
+                "1",
+                "1",
+                "1",
+                "8",
+                "true",
+                "true",
+                "false",
+                "none",
+                "false",
+                "100000",
+                *PAI_DATA,
+                "10000",
+                "100",
+                "/mnt/out",
+            ),
+        ),
+        16,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FIRST_CONTACT))
+def test_a_script_never_seen_before_sizes_to_its_published_count(name, capsys):
+    flags, published = FIRST_CONTACT[name]
+    path = SCRIPTS / name
+    if not path.exists():
+        pytest.skip(f"{path} is not there (the shared data of the project)")
+    report = run_json(capsys, "size", str(path), *flags)
+    assert report["parameters"]["total"] / 1e9 == pytest.approx(published, rel=0.015)
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("modelzoo_yanring_run_mixtral_8x22B.sh", r"runs another script \(bash \./sbatch_benchm"),
+        ("slime/scripts/run-qwen3-next-80B-A3B.sh", r"give --env BASE_FOLDER=VALUE"),
+        ("modelzoo_dnxie_launch_deepseek_v2_lite_direct.sh", r"give --env USER=VALUE"),
+    ],
+)
+def test_a_script_that_cannot_be_read_as_given_names_what_settles_it(name, hint, capsys):
+    path = SCRIPTS / name
+    if not path.exists():
+        pytest.skip(f"{path} is not there (the shared data of the project)")
+    capsys.readouterr()
+    assert main(["size", str(path), "--vocab-size", "32000", "--seq-length", "4096"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and re.search(hint, err), err

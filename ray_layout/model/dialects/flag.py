@@ -53,7 +53,11 @@ _SHAPE_WORDS = re.compile(
     r"(^|-)(layers?|hidden|heads?|experts?|vocab|ffn|intermediate|embeddings?|dims?|rank|"
     r"width|mlp|kv|lora|mamba|depth)(-|$)"
 )
-_HARMLESS = re.compile(r"(^|-)(log|logging|tensorboard|wandb|profile|save|load|recompute)(-|$)")
+# ... and flags of an RL framework's inference engine (slime's --sglang-*, --rollout-*), which
+# serve the model the trainer builds
+_HARMLESS = re.compile(
+    r"(^|-)(log|logging|tensorboard|wandb|profile|save|load|recompute|sglang|vllm|rollout)(-|$)"
+)
 
 
 def looks_like_shape(flag: str) -> bool:
