@@ -111,18 +111,20 @@ def readable(text: str) -> str:
 
 def named_holes(text: Text, name: str, line: int) -> Text:
     """``text`` assigned to ``name``: each hole's reason names the variable, for the user to
-    give it (``--env NAME=VALUE``)."""
-
-    def renamed(found: re.Match[str]) -> str:
+    give it (``--env NAME=VALUE``); every other character keeps its place in the script."""
+    pieces, offsets, done = [], [], 0
+    for found in _HOLE.finditer(text.text):
         written, reason = _HOLES[int(found[1])]
         if "give --env" not in reason:
             reason = f"${name} (line {line}) holds {reason}; give --env {name}=VALUE"
-        return hole(written, reason).text
-
-    changed = _HOLE.sub(renamed, text.text)
-    if len(changed) != len(text.text):  # markers of other lengths: offsets of the holes only
-        return Text(changed, (-1,) * len(changed), text.missing, hole_reason(changed))
-    return Text(changed, text.offsets, text.missing, hole_reason(changed))
+        marker = hole(written, reason).text
+        pieces += [text.text[done : found.start()], marker]
+        offsets += [*text.offsets[done : found.start()], *(-1,) * len(marker)]
+        done = found.end()
+    pieces.append(text.text[done:])
+    offsets += text.offsets[done:]
+    changed = "".join(pieces)
+    return Text(changed, tuple(offsets), text.missing, hole_reason(changed))
 
 
 def reset_holes() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +18,13 @@ import pytest
 
 from ray_layout.commands.main import main
 from ray_layout.model.layout import parse_stages
+from tests.helpers.bash_oracle import bash_commands, entry_commands
 from tests.helpers.megatron_arguments_oracle import parse_megatron_args, validate_megatron_args
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.paths import SHARED_DATA
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in MEGATRON_CPU_WARNINGS]
+BASH = shutil.which("bash")
 
 SHARED = SHARED_DATA
 SCRIPTS = SHARED / "real_launch_scripts"
@@ -339,6 +343,10 @@ def test_the_written_script_differs_only_in_its_split_and_reads_back_as_the_pick
     back = run_json(capsys, "size", str(out), *flags)
     assert back["layout_source"].startswith("current")
     assert parse_stages(back["layout"]) == parse_stages(report["candidates"][0]["layout"])
+    if BASH is not None:  # bash itself: the copy parses, and runs the pick as its layout
+        assert subprocess.run([BASH, "-n", str(out)], check=False).returncode == 0
+        ran = _layout_bash_runs(out, case)  # None: a model file, or a launch bash cannot reach
+        assert ran in (None, report["candidates"][0]["layout"])
 
 
 PAI_ENV = env("RANK=0", "KUBERNETES_CONTAINER_RESOURCE_GPU=8")
@@ -463,3 +471,38 @@ def test_a_script_that_cannot_be_read_as_given_names_what_settles_it(name, hint,
     assert main(["size", str(path), "--vocab-size", "32000", "--seq-length", "4096"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: ") and re.search(hint, err), err
+
+
+def _layout_bash_runs(script: Path, case: Case) -> str | None:
+    """The ``--pipeline-model-parallel-layout`` value of the launch real bash runs (every
+    command stubbed), with the case's environment and arguments; None for a model file."""
+    given = [case.flags[i + 1] for i, flag in enumerate(case.flags) if flag == "--env"]
+    variables = dict(text.partition("=")[::2] for text in given)
+    arguments = [variables.pop(str(n)) for n in range(1, 10) if str(n) in variables]
+    entries = entry_commands(bash_commands(script, arguments, variables))
+    if not entries:
+        return None
+    argv = entries[-1]
+    flag = "--pipeline-model-parallel-layout"
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def test_a_layout_written_into_an_evaled_command_is_the_one_bash_runs(capsys, tmp_path):
+    """Pai builds its command in a string and runs ``eval ${run_cmd}``: the layout goes into the
+    string quoted for that second reading, and real bash runs exactly the pick."""
+    name = "pai_qwen2_run_mcore_qwen2_moe.sh"
+    flags, _ = FIRST_CONTACT[name]
+    path, out = SCRIPTS / name, tmp_path / name
+    if not path.exists():
+        pytest.skip(f"{path} is not there (the shared data of the project)")
+    report = run_json(capsys, "plan", str(path), *flags, "--costs", "flops", "--top", "1",
+                      "--write-script", str(out))  # fmt: skip
+    pick = report["candidates"][0]["layout"]
+    changed = [line for line in out.read_text().splitlines() if line not in path.read_text()]
+    assert len(changed) == 2 and f"'{pick}'" in changed[1]  # the comment and the flag
+    if BASH is None:
+        pytest.skip("no bash on this machine to judge by")
+    arguments = [word.removeprefix("--script-arg=") for word in flags if "--script-arg=" in word]
+    variables = dict(text.partition("=")[::2] for text in flags if "=" in text and "--" not in text)
+    argv = entry_commands(bash_commands(out, arguments, variables))[-1]
+    assert argv[argv.index("--pipeline-model-parallel-layout") + 1] == pick
