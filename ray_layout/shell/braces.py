@@ -22,7 +22,7 @@ def brace_words(word: Word) -> list[Word] | None:
     where bash would read the result anew differently (``{$V,w}post``: ``$Vpost``)."""
     if not any(isinstance(p, Literal) and not p.quoted and "{" in p.text for p in word.parts):
         return [word]
-    alternatives = _expand(_items(word))
+    alternatives = _expand(_items(word), word_start=True)
     if len(alternatives) == 1:
         return [word]
     if any(_joins_a_name(items) for items in alternatives):
@@ -53,10 +53,12 @@ def _is(item: Item, char: str) -> bool:
     return isinstance(item, tuple) and not item[2] and item[0] == char
 
 
-def _expand(items: list[Item]) -> list[list[Item]]:
+def _expand(items: list[Item], word_start: bool = False) -> list[list[Item]]:
     for start, item in enumerate(items):
         if not _is(item, "{"):
             continue
+        if word_start and start == 0 and len(items) > 1 and _is(items[1], "}"):
+            continue  # "{}" opening a word stays itself, as in bash (find -exec {})
         close, commas = _close(items, start)
         if close is None:
             continue
@@ -77,15 +79,19 @@ def _expand(items: list[Item]) -> list[list[Item]]:
 
 
 def _close(items: list[Item], start: int) -> tuple[int | None, list[int]]:
-    """The ``}`` matching the ``{`` at ``start``, and the commas between them at its depth."""
+    """The ``}`` matching the ``{`` at ``start``, and the commas between them at its depth.  A
+    ``}`` that would close nothing to expand (no comma, no sequence) is a character, and the
+    search goes on, as bash's does (``{1},}`` is ``1}``)."""
     depth, commas = 0, []
     for index in range(start, len(items)):
         if _is(items[index], "{"):
             depth += 1
-        elif _is(items[index], "}") and not (depth == 1 and index == start + 1):  # "{}" is no close
+        elif _is(items[index], "}") and not (depth == 1 and index == start + 1):  # "{}": no close
             depth -= 1
             if depth == 0:
-                return index, commas
+                if commas or _sequence(items[start + 1 : index]) is not None:
+                    return index, commas
+                depth = 1
         elif depth == 1 and _is(items[index], ","):
             commas.append(index)
     return None, []

@@ -101,17 +101,22 @@ def _printf(interp: Interpreter, words: list[ExpandedWord], node: Simple, state:
 
 
 def _cd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+    """``cd``: the directory it names becomes the shell's.  Whether it exists only the job knows,
+    but for the script's own folder (``cd "$(dirname "$0")"``), which does."""
     arguments = [w for w in words[1:] if w.text not in ("--", "-P", "-L")]
     target = arguments[0] if arguments else None
     if target is None or target.unknown:
         state.cwd = None
+        return Unknown(f"cd (line {node.line}) to a directory this reader does not know")
+    base = state.cwd
+    if posixpath.isabs(target.text):
+        state.cwd = posixpath.normpath(target.text)
     else:
-        base = state.cwd
-        if posixpath.isabs(target.text):
-            state.cwd = posixpath.normpath(target.text)
-        else:
-            state.cwd = posixpath.normpath(posixpath.join(base, target.text)) if base else None
-    return 0
+        state.cwd = posixpath.normpath(posixpath.join(base, target.text)) if base else None
+    home = posixpath.dirname(posixpath.abspath(state.sources[-1])) if state.sources else None
+    if state.cwd is not None and home is not None and state.cwd == home:
+        return 0
+    return Unknown(f"whether the directory of cd (line {node.line}) exists")
 
 
 def _pwd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:

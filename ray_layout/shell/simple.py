@@ -29,6 +29,8 @@ def run_simple(interp: Interpreter, node: Simple, state: State) -> Status:
     if name in DECLARATIONS:
         return assignments.declaration(interp, name, node, state)
     words = interp.words(plain, state) if plain else []
+    while words and words[0].vanishes:  # `$PROFILER torchrun ...` with PROFILER unset
+        words.pop(0)
     if not words:  # bare assignments (or a command expanded to nothing): they stay
         for token in node.assignments:
             assignments.assign(interp, token, state, export=False)

@@ -30,3 +30,9 @@ def test_a_prefix_on_an_external_command_is_its_environment_only():
     (command,) = run_script("X=1\nX=2 torchrun x.py\n", "t.sh").commands
     assert [(name, word.text) for name, word in command.environment] == [("X", "X=2")]
     assert run_script("X=1\nX=2 torchrun x.py\n", "t.sh").variables["X"].text == "1"
+
+
+def test_an_unset_variable_before_the_command_is_no_word():
+    (command,) = run_script("$PROFILER torchrun x.py --num-layers 2\ncmd $X", "t.sh").commands[:1]
+    assert command.argv == ("torchrun", "x.py", "--num-layers", "2")
+    assert run_script("$PROFILER torchrun x.py\nY=1", "t.sh").variables["Y"].text == "1"
