@@ -55,7 +55,7 @@ def braced(lexer: Lexer, quoted: bool, depth: int) -> Reference:
         # the word after the operator is read with its own quotes, inside "..." too: a
         # pattern stays a pattern, a "quoted" default loses its quotes; there a single
         # quote quotes only in a pattern, as bash reads it
-        singles = not quoted or operator[0] in "#%/"
+        singles = not quoted or operator[0] in "#%/^,"
         argument = lexer.parts(stop=stop, quoted=False, depth=depth + 1, singles=singles)
         if operator.startswith("/") and lexer.peek() == "/":
             lexer.advance()
