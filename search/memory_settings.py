@@ -126,6 +126,10 @@ _READ = frozenset(
         "main_params_dtype",
         "exp_avg_dtype",
         "exp_avg_sq_dtype",
+        "cross_entropy_fusion_impl",
+        "fp8_recipe",
+        "num_distributed_optimizer_instances",
+        "optimizer_offload_fraction",
     }
 )  # the flags the memory model reads; a fork's other flags are not typed here
 
