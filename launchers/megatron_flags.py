@@ -27,7 +27,7 @@ from ray_layout.model.megatron_args import (
     typed_value,
     walk_flags,
 )
-from ray_layout.model.spec import parse_moe_layer_freq
+from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
 
 USER_SOURCE = "the user's Megatron flags"
 # What the tuner sets in every profiling run, whatever the user's command line says, by group.

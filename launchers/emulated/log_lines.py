@@ -18,7 +18,7 @@ from ray_layout.measure.log_format import (
     timers_max,
     timers_minmax,
 )
-from ray_layout.measure.logs import LEVEL1_TIMERS, LEVEL2_TIMERS
+from ray_layout.measure.log_records import LEVEL1_TIMERS, LEVEL2_TIMERS
 from ray_layout.model.sizing import training_flops_per_iteration
 from ray_layout.model.spec import ModelSpec
 from search.memory import StageMemory

@@ -1,8 +1,9 @@
 """Read Megatron-LM training logs: timer blocks, iteration lines and memory lines.
 
-The formats are core_v0.16.1's (``docs/megatron.md`` section 4): ``megatron/core/timers.py``
-prints a timer block (``--timing-log-option all``, ``max`` or ``minmax``) through Python logging
-on the last rank, ``training.py:training_log`` prints the iteration line just before it, and
+The formats are core_v0.16.1's (section 4 of the shared ``docs/megatron.md``):
+``megatron/core/timers.py`` prints a timer block (``--timing-log-option all``, ``max`` or
+``minmax``) through Python logging on the last rank, ``training.py:training_log`` prints the
+iteration line just before it, and
 ``training/utils.py:report_memory`` prints one memory line per rank with DP rank 0.
 
 Real logs are messier than the formats: every line may carry a launcher prefix (Ray's
@@ -24,12 +25,7 @@ from pathlib import Path
 
 from ray_layout.errors import MeasurementError
 from ray_layout.measure.log_records import (
-    LEVEL1_TIMERS,
-    LEVEL2_TIMERS,
-    NON_TRAINING_TIMERS,
     SKIPPED_EXAMPLES,
-    TIMER_NAMES,
-    WARMUP_INTERVALS,
     IterationRecord,
     MemoryRecord,
     ParsedLog,
@@ -37,29 +33,10 @@ from ray_layout.measure.log_records import (
     impossible_iteration,
     impossible_memory,
     impossible_timer,
-    steady_intervals,
 )
 from ray_layout.measure.log_world import INTEGER, parse_world
 from ray_layout.model.files import read_bytes
 from ray_layout.model.run_log import parse_arguments
-
-__all__ = [
-    "ITERATION_LINE_START",
-    "LEVEL1_TIMERS",
-    "LEVEL2_TIMERS",
-    "NON_TRAINING_TIMERS",
-    "SKIPPED_EXAMPLES",
-    "TIMER_NAMES",
-    "WARMUP_INTERVALS",
-    "IterationRecord",
-    "MemoryRecord",
-    "ParsedLog",
-    "TimerRecord",
-    "parse_iteration_line",
-    "parse_log",
-    "parse_log_file",
-    "steady_intervals",
-]
 
 _EXCERPT_CHARS = 80
 # Megatron's longest lines (an iteration line, a one-line timer block) are a few hundred

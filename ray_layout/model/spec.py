@@ -204,7 +204,6 @@ __all__ = [
     "MAX_PIPELINE_STAGES",
     "MAX_WORLD_SIZE",
     "MODEL_KEYS",
-    "parse_moe_layer_freq",
 ]
 # The ModelSpec fields a loader gives as they are (the table's entries; the rest are derived).
 _SPEC_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name in FIELD)

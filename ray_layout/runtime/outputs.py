@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ray_layout.errors import MeasurementError
-from ray_layout.measure.logs import ParsedLog, parse_log
+from ray_layout.measure.log_records import ParsedLog
+from ray_layout.measure.logs import parse_log
 
 
 @dataclass(frozen=True)

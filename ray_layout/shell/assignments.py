@@ -15,6 +15,8 @@ from ray_layout.shell.syntax import Simple, assignment_target, assignment_value
 from ray_layout.shell.tokens import ArrayLiteral, Literal, Word
 from ray_layout.shell.values import (
     GAP,
+    MAX_ELEMENTS,
+    MAX_VALUE_CHARS,
     ExpandedWord,
     Gap,
     Text,
@@ -137,8 +139,6 @@ def _appended(old: Value, value: Value) -> Value:
 
 
 def _check_size(interp: Interpreter, value: Value, line: int) -> None:
-    from ray_layout.shell.interpreter import MAX_ELEMENTS, MAX_VALUE_CHARS
-
     if isinstance(value, tuple):
         if len(value) > MAX_ELEMENTS:
             raise interp.error(line, f"an array of more than {MAX_ELEMENTS:,} elements")

@@ -46,6 +46,8 @@ from ray_layout.shell.syntax import (
 )
 from ray_layout.shell.tokens import Word
 from ray_layout.shell.values import (
+    MAX_ELEMENTS,
+    MAX_VALUE_CHARS,
     ExpandedWord,
     Failed,
     Text,
@@ -57,8 +59,6 @@ from ray_layout.shell.values import (
 
 MAX_STEPS = 300_000
 MAX_DEPTH = 100  # function calls, sources, evals and substitutions inside each other
-MAX_VALUE_CHARS = 1_000_000
-MAX_ELEMENTS = 100_000
 
 
 FileReader = Callable[[str], "str | None"]

@@ -9,6 +9,9 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
+MAX_VALUE_CHARS = 1_000_000  # a launch line's value is kilobytes: doubling ends here
+MAX_ELEMENTS = 100_000
+
 
 class Failed(Exception):
     """An expansion bash fails on: ``${X:?message}`` of an unset X stops the script

@@ -21,7 +21,8 @@ from launchers.emulated.environment import PROFILE_ENV
 from launchers.emulated.hardware import load_profile
 from launchers.emulated.rank_costs import rank_costs
 from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE
-from ray_layout.measure.logs import parse_log, steady_intervals
+from ray_layout.measure.log_records import steady_intervals
+from ray_layout.measure.logs import parse_log
 from search.schedule import compile_schedule
 from search.simulator import simulate, stage_durations
 from tests.helpers.launchers_emulated import H200, HANDBOOK, ITERATIONS, MICROBATCHES

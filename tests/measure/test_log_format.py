@@ -22,14 +22,9 @@ from ray_layout.measure.log_format import (
     timers_minmax,
     world_line,
 )
+from ray_layout.measure.log_records import LEVEL2_TIMERS, MemoryRecord, TimerRecord
 from ray_layout.measure.log_world import parse_world
-from ray_layout.measure.logs import (
-    LEVEL2_TIMERS,
-    MemoryRecord,
-    TimerRecord,
-    parse_iteration_line,
-    parse_log,
-)
+from ray_layout.measure.logs import parse_iteration_line, parse_log
 from tests.helpers.measure_timers_oracle import ORACLE_MS, megatron_timers_string
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.paths import SHARED_DATA

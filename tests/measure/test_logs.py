@@ -14,18 +14,15 @@ from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.measure import log_format
-from ray_layout.measure.logs import (
-    ITERATION_LINE_START,
-    MAX_LINE_CHARS,
+from ray_layout.measure.log_records import (
     SKIPPED_EXAMPLES,
     IterationRecord,
     MemoryRecord,
     ParsedLog,
     TimerRecord,
-    parse_log,
-    parse_log_file,
     steady_intervals,
 )
+from ray_layout.measure.logs import ITERATION_LINE_START, MAX_LINE_CHARS, parse_log, parse_log_file
 from tests.helpers.measure_log_lines import (
     MAX_TIMES,
     TIMERS_LOGGER,

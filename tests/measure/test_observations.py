@@ -11,7 +11,8 @@ import pytest
 
 from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.measure.log_format import timers_max
-from ray_layout.measure.logs import MemoryRecord, TimerRecord, parse_log
+from ray_layout.measure.log_records import MemoryRecord, TimerRecord
+from ray_layout.measure.logs import parse_log
 from ray_layout.measure.observations import (
     STEP_WARMUP,
     RunObservation,

@@ -9,7 +9,8 @@ import pytest
 
 from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.measure.declared import check_log
-from ray_layout.measure.logs import ParsedLog, TimerRecord, parse_log_file
+from ray_layout.measure.log_records import ParsedLog, TimerRecord
+from ray_layout.measure.logs import parse_log_file
 from ray_layout.measure.observations import observation_from_log
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import ParallelConfig, load_recipe_file

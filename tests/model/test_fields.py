@@ -24,7 +24,8 @@ from ray_layout.model.fields import (
 )
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.megatron_recipe import load_megatron_command_line
-from ray_layout.model.spec import ModelSpec, parse_moe_layer_freq
+from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
+from ray_layout.model.spec import ModelSpec
 from tests.helpers.megatron_arguments_oracle import parse_megatron_args
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.paths import HF_CONFIGS

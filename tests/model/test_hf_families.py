@@ -15,7 +15,8 @@ from ray_layout.errors import ConfigError
 from ray_layout.model import sizing
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.hf_families import _every, _pattern_flag
-from ray_layout.model.spec import build_parallel, parse_moe_layer_freq
+from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
+from ray_layout.model.spec import build_parallel
 from tests.helpers.megatron_oracle import (
     MEGATRON_CPU_WARNINGS,
     megatron_core_takes,

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError
-from ray_layout.model.spec import build_recipe, load_recipe_file, parse_moe_layer_freq
+from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
+from ray_layout.model.spec import build_recipe, load_recipe_file
 
 SOURCE = "c.yaml"
 patterns = st.lists(st.integers(0, 1), min_size=1, max_size=200)

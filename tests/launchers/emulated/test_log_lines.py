@@ -15,7 +15,8 @@ from launchers.emulated.log_lines import (
     timer_block,
 )
 from launchers.emulated.rank_costs import RESERVED_SLACK, rank_costs
-from ray_layout.measure.logs import LEVEL1_TIMERS, LEVEL2_TIMERS, parse_log
+from ray_layout.measure.log_records import LEVEL1_TIMERS, LEVEL2_TIMERS
+from ray_layout.measure.logs import parse_log
 from tests.helpers.launchers_emulated import H200, HANDBOOK
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 
