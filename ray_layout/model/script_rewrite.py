@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ray_layout.model.layout import Layout
+from ray_layout.model.layout import Layout, expand
 from ray_layout.model.megatron_args import FlagUse, walk_flags
 from ray_layout.model.split import SPLIT_FLAGS
 from ray_layout.shell.interpreter import FileReader
@@ -94,10 +94,14 @@ def _replacement(text: str, word: ExpandedWord, new: str, source: str, reparsed:
 
 def _quoted(value: str, context: str | None, reparsed: bool) -> str:
     """``value`` as it must be written where the script is in ``context`` (a quote, or None):
-    quoted once more where bash parses the command's text again (``bash -c "$CMD"``)."""
+    quoted once more where bash parses the command's text again (``bash -c "$CMD"``); inside a
+    double-quoted string, which a script expands unquoted (``$GPT_ARGS``), unrolled, so that
+    no ``*`` or ``(`` of it can match a file name (Megatron reads both forms alike)."""
     if value.isalnum():
         return value
     inner = f"'{value}'" if reparsed else value
+    if context == '"' and not reparsed:  # a string expanded unquoted later: no glob character
+        return expand(value)
     if context == '"' or (context == "'" and not reparsed):
         return inner
     return f'"{inner}"' if reparsed else f"'{value}'"

@@ -68,7 +68,11 @@ _SRUN_VALUED = (
 )
 
 _STUBS = r"""
-__oracle_record() { builtin printf '%s\0' "$#" "$@" >> "$ORACLE_RECORD"; }
+__oracle_record() {  # the sides of a pipeline record at once: one at a time, under a lock
+    until "$ORACLE_MKDIR" "$ORACLE_RECORD.lock" 2>/dev/null; do :; done
+    builtin printf '%s\0' "$#" "$@" >> "$ORACLE_RECORD"
+    "$ORACLE_RMDIR" "$ORACLE_RECORD.lock"
+}
 command_not_found_handle() {
     __oracle_record "$@"
     local __word __index
@@ -192,6 +196,7 @@ def run_bash(
             "PATH": str(root / "empty_path"),
             "BASH_ENV": str(stubs),
             "ORACLE_RECORD": str(record),
+            "ORACLE_RMDIR": shutil.which("rmdir", path="/usr/bin:/bin") or "rmdir",
             "ORACLE_BASH": BASH,
             "ORACLE_SRUN_VALUED": _SRUN_VALUED,
             "ORACLE_ROOT": str(root),

@@ -77,3 +77,14 @@ def test_plan_writes_the_script_and_nothing_on_bad_input(tmp_path: Path):
                          check=False)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.count("error:") == 1
     assert not (tmp_path / "no.sh").exists()
+
+
+def test_a_layout_inside_a_string_expanded_unquoted_has_no_glob_character(tmp_path):
+    """MindSpeed keeps its flags in a string the launch line expands unquoted: the layout goes
+    in unrolled, so that a file named like it cannot replace it (Megatron reads both alike)."""
+    script = f'ARGS="{MODEL} --pipeline-model-parallel-size 3"\ntorchrun pretrain_gpt.py $ARGS\n'
+    written = rewrite_split(script, "s.sh", PICK, "ray_layout plan: test")
+    (line,) = [line for line in changed_lines(script, written) if "--pipeline" in line]
+    assert "--pipeline-model-parallel-layout Ettt|ttt|ttL" in line
+    (tmp_path / "Et*3|t*3|t*2L").touch()  # bash would have globbed the compact form onto it
+    assert Layout.parse(load_megatron_command_line(written).split.layout, 3) == PICK
