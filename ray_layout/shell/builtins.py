@@ -56,7 +56,8 @@ def _false(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: 
 
 
 def _test(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
-    operands = words[1:]
+    interp.decided_by += [n for w in words[1:] for n in w.missing]
+    operands = [w for w in words[1:] if not w.vanishes]  # `[ $UNSET = x ]`: bash sees `[ = x ]`
     if words[0].text == "[":
         if not operands or operands[-1].text != "]":
             return Unknown(f"line {node.line}: a '[' without ']'")
@@ -64,10 +65,9 @@ def _test(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: S
     unknown = next((w.unresolved for w in operands if w.unresolved), None)
     if unknown is not None:
         return Unknown(f"line {node.line}: a test on {unknown}")
-    interp.decided_by += [n for w in operands for n in w.missing]
     answer = evaluate_test([w.text for w in operands])
     if isinstance(answer, NoAnswer):
-        return Unknown(f"line {node.line}: {answer.reason}")
+        return 2 if answer.refused else Unknown(f"line {node.line}: {answer.reason}")
     return int(not answer)
 
 

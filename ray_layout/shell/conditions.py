@@ -51,6 +51,7 @@ _FILE_TESTS = frozenset(
 @dataclass(frozen=True)
 class NoAnswer:
     reason: str
+    refused: bool = False  # bash's own test refuses it: its status is 2, a failure
 
 
 Answer = bool | NoAnswer
@@ -59,17 +60,22 @@ Answer = bool | NoAnswer
 def evaluate_test(operands: list[str]) -> Answer:
     """``test operands...`` on plain values, as bash's ``test`` reads them."""
     reader = _TestReader(operands)
+    refused = NoAnswer(f"a test bash refuses ({clipped(' '.join(operands))})", refused=True)
     try:
         answer = reader.disjunction() if operands else False
+    except _TooShort:
+        return refused
     except _NotATest as exc:
         return NoAnswer(str(exc))
-    if reader.position != len(operands):
-        return NoAnswer(f"a test bash refuses ({clipped(' '.join(operands))})")
-    return answer
+    return refused if reader.position != len(operands) else answer
 
 
 class _NotATest(Exception):
     pass
+
+
+class _TooShort(_NotATest):
+    """A test whose operator lacks its operand: bash refuses it."""
 
 
 class _TestReader:
@@ -82,7 +88,7 @@ class _TestReader:
 
     def take(self) -> str:
         if self.position >= len(self.operands):
-            raise _NotATest("a test that ends too early")
+            raise _TooShort("a test that ends too early")
         self.position += 1
         return self.operands[self.position - 1]
 

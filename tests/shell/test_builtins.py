@@ -21,6 +21,7 @@ from tests.helpers.shell_bash import bash_words, needs_bash, variable, words
         "let 'P = 3 * 4' 'Q = P + 1'; P=$P$Q",
         "eval 'P=$((2 + 3))'; eval \"Q=\\$P\"; P=$Q",
         "true && P=t || P=f; false || P+=x",
+        "if [ $UNSET = raw ]; then P=raw; else P=other; fi",  # bash: `[ = raw ]`, status 2
         "command eval 'P=ran'",
         "f() { P=func; }; command f 2>/dev/null; P=${P:-builtin-only}",
     ],
