@@ -24,11 +24,11 @@ def run_simple(interp: Interpreter, node: Simple, state: State) -> Status:
     nested.expand_heredoc(interp, node, state)
     plain = [w for w in node.words if isinstance(w, Word)]
     interp.substitution_status = 0
-    words = interp.words(plain[:1], state) if plain else []
-    name = words[0].text if words and not words[0].unknown else None
+    first = interp.words(plain[:1], state) if plain else []  # expanded once: $(...) runs once
+    name = first[0].text if first and not first[0].unknown else None
     if name in DECLARATIONS:
         return assignments.declaration(interp, name, node, state)
-    words = interp.words(plain, state) if plain else []
+    words = first + interp.words(plain[1:], state)
     while words and words[0].vanishes:  # `$PROFILER torchrun ...` with PROFILER unset
         words.pop(0)
     if not words:  # bare assignments (or a command expanded to nothing): they stay

@@ -36,3 +36,8 @@ def test_an_unset_variable_before_the_command_is_no_word():
     (command,) = run_script("$PROFILER torchrun x.py --num-layers 2\ncmd $X", "t.sh").commands[:1]
     assert command.argv == ("torchrun", "x.py", "--num-layers", "2")
     assert run_script("$PROFILER torchrun x.py\nY=1", "t.sh").variables["Y"].text == "1"
+
+
+def test_a_command_substitution_in_the_command_name_runs_once():
+    run = run_script("$(which python) pretrain_gpt.py --num-layers 2", "t.sh")
+    assert [c.argv for c in run.commands][:-1] == [("which", "python")]
