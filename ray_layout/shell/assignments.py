@@ -6,10 +6,10 @@ give with ``--env NAME=VALUE``; a value that grows past the bounds is refused.""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from ray_layout.shell.expand import arithmetic_text, array_index, expand, expand_whole
 from ray_layout.shell.flow import Status
+from ray_layout.shell.runner import Runner
 from ray_layout.shell.state import Scope, State
 from ray_layout.shell.syntax import Simple, assignment_target, assignment_value
 from ray_layout.shell.tokens import ArrayLiteral, Literal, Word
@@ -27,12 +27,9 @@ from ray_layout.shell.values import (
     unknown,
 )
 
-if TYPE_CHECKING:
-    from ray_layout.shell.interpreter import Interpreter
-
 
 def assign(
-    interp: Interpreter,
+    interp: Runner,
     token: Word | ArrayLiteral,
     state: State,
     *,
@@ -138,7 +135,7 @@ def _appended(old: Value, value: Value) -> Value:
     return (old if isinstance(old, tuple) else elements(old)) + elements(value)
 
 
-def _check_size(interp: Interpreter, value: Value, line: int) -> None:
+def _check_size(interp: Runner, value: Value, line: int) -> None:
     if isinstance(value, tuple):
         if len(value) > MAX_ELEMENTS:
             raise interp.error(line, f"an array of more than {MAX_ELEMENTS:,} elements")
@@ -163,7 +160,7 @@ def _attribute(name: str, options: str, line: int) -> Unresolved:
     return Unresolved(f"{name} -{options} (line {line}), an attribute this reader does not hold")
 
 
-def declaration(interp: Interpreter, name: str, node: Simple, state: State) -> Status:
+def declaration(interp: Runner, name: str, node: Simple, state: State) -> Status:
     """``export``/``declare``/``local``/``readonly``: their arguments are assignments, never
     split; ``-x`` exports, ``-i`` makes an integer, ``-A`` an associative array (not held)."""
     options = ""

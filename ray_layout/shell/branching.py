@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from ray_layout.shell.builtins import matches, whole_word
 from ray_layout.shell.flow import Break, Exit, Return, Status, Uncertain, Unknown
+from ray_layout.shell.runner import Runner
 from ray_layout.shell.state import State, merge
 from ray_layout.shell.syntax import Case, Commands, If
 
-if TYPE_CHECKING:
-    from ray_layout.shell.interpreter import Interpreter
-
 
 def decided(
-    interp: Interpreter,
+    interp: Runner,
     body: Callable[[State], Status],
     decided: tuple[str, ...],
     state: State,
@@ -57,7 +54,7 @@ def decided(
 
 
 def branches(
-    interp: Interpreter, bodies: list[Callable[[State], Status]], reason: str, state: State
+    interp: Runner, bodies: list[Callable[[State], Status]], reason: str, state: State
 ) -> Status:
     """Follow every outcome of a decision the reader cannot make, each on its own copy;
     what they leave different is unresolved, their commands run under ``reason``."""
@@ -82,7 +79,7 @@ def branches(
     return statuses.pop() if len(statuses) == 1 else Unknown(reason)
 
 
-def case(interp: Interpreter, node: Case, state: State) -> Status:
+def case(interp: Runner, node: Case, state: State) -> Status:
     interp.step(node.line)
     subject = whole_word(interp, node.word, state)
     for position, (patterns, body) in enumerate(node.items):
@@ -107,7 +104,7 @@ def case(interp: Interpreter, node: Case, state: State) -> Status:
     return 0
 
 
-def if_command(interp: Interpreter, node: If, state: State) -> Status:
+def if_command(interp: Runner, node: If, state: State) -> Status:
     for position, (condition, body) in enumerate(node.clauses):
         status, unset = test(interp, condition, state)
         if isinstance(status, Unknown):
@@ -144,7 +141,7 @@ def if_command(interp: Interpreter, node: If, state: State) -> Status:
     return 0
 
 
-def test(interp: Interpreter, condition: Commands, state: State) -> tuple[Status, tuple[str, ...]]:
+def test(interp: Runner, condition: Commands, state: State) -> tuple[Status, tuple[str, ...]]:
     """A condition's status, and the unset variables (taken as empty) that decided it."""
     before = len(interp.decided_by)
     interp.checking += 1
@@ -157,7 +154,7 @@ def test(interp: Interpreter, condition: Commands, state: State) -> tuple[Status
     return status, decided
 
 
-def sequence_unchecked(interp: Interpreter, commands: Commands, state: State) -> Status:
+def sequence_unchecked(interp: Runner, commands: Commands, state: State) -> Status:
     """A condition's list: ``set -e`` does not apply to it."""
     status: Status = 0
     for node, _ in commands.items:

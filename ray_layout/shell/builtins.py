@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ray_layout.errors import clipped
 from ray_layout.shell.conditions import DoubleBracket, NoAnswer, case_matches, evaluate_test
 from ray_layout.shell.expand import arithmetic_text, array_index, expand_whole
 from ray_layout.shell.flow import Break, Exit, Return, Status, Unknown
 from ray_layout.shell.printing import OUTPUT_BUILTINS
+from ray_layout.shell.runner import Builtin, Runner
 from ray_layout.shell.state import State
 from ray_layout.shell.syntax import (
     Conditional,
@@ -35,27 +34,21 @@ from ray_layout.shell.values import (
     split,
 )
 
-if TYPE_CHECKING:
-    from ray_layout.shell.interpreter import Interpreter
-
-Builtin = Callable[["Interpreter", list[ExpandedWord], Simple, State], Status]
-
-
 # --- assignments --------------------------------------------------------------------------------
 
 
 # --- the builtins -------------------------------------------------------------------------------
 
 
-def _true(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _true(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     return 0
 
 
-def _false(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _false(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     return 1
 
 
-def _test(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _test(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     interp.decided_by += [n for w in words[1:] for n in w.missing]
     operands = [w for w in words[1:] if not w.vanishes]  # `[ $UNSET = x ]`: bash sees `[ = x ]`
     if words[0].text == "[":
@@ -71,7 +64,7 @@ def _test(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: S
     return int(not answer)
 
 
-def conditional(interp: Interpreter, node: Conditional, state: State) -> Status:
+def conditional(interp: Runner, node: Conditional, state: State) -> Status:
     reader = DoubleBracket(node.tokens, interp.scope(state))
     try:
         answer = reader.evaluate()
@@ -84,7 +77,7 @@ def conditional(interp: Interpreter, node: Conditional, state: State) -> Status:
 
 
 def arithmetic_status(
-    interp: Interpreter, text: str, line: int, state: State, allow_empty: bool = False
+    interp: Runner, text: str, line: int, state: State, allow_empty: bool = False
 ) -> Status:
     """``(( expression ))``: 0 where it is not zero; its assignments change the variables."""
     if allow_empty and not text.strip():
@@ -110,7 +103,7 @@ def _unresolve_assigned(text: str, state: State, reason: str) -> None:
             state.store(name, Unresolved(reason), 0)
 
 
-def _let(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _let(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     status: Status = 1
     for word in words[1:]:
         if word.unresolved:
@@ -120,7 +113,7 @@ def _let(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: St
     return status
 
 
-def _set(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _set(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     arguments = words[1:]
     names = {"e": "errexit", "u": "nounset"}
     while arguments and arguments[0].text[:1] in "-+" and arguments[0].text not in ("-", "--"):
@@ -146,7 +139,7 @@ def _set(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: St
     return 0
 
 
-def _shift(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _shift(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     count_text = words[1].text if len(words) > 1 else "1"
     if isinstance(state.positional, Unresolved):
         return Unknown(state.positional.reason)
@@ -161,7 +154,7 @@ def _shift(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: 
     return 0
 
 
-def _unset(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _unset(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     functions = any(w.text == "-f" for w in words[1:])
     for word in words[1:]:
         if word.text.startswith("-"):
@@ -178,7 +171,7 @@ def _unset(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: 
     return 0
 
 
-def _unset_element(interp: Interpreter, name: str, index: str, node: Simple, state: State) -> None:
+def _unset_element(interp: Runner, name: str, index: str, node: Simple, state: State) -> None:
     """``unset 'A[i]'``: the element leaves a gap; the indices after it stay."""
     value = state.lookup(name)
     items = value if isinstance(value, tuple) else (value,) if isinstance(value, Text) else ()
@@ -194,7 +187,7 @@ def _unset_element(interp: Interpreter, name: str, index: str, node: Simple, sta
         state.store(name, kept, node.line)
 
 
-def _eval(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _eval(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``eval`` of known words runs them; a value the reader lacks inside them stays a hole (one
     word, said in a note); a word it lacks as a whole leaves everything after unknown."""
     whole = next((w.unresolved for w in words[1:] if w.unresolved and "\x01" not in w.text), None)
@@ -218,7 +211,7 @@ def _eval(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: S
     return interp.run_text(text, node.line, state, "eval")
 
 
-def _source(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _source(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     if len(words) < 2:
         return 2
     target = words[1]
@@ -251,7 +244,7 @@ def _source(interp: Interpreter, words: list[ExpandedWord], node: Simple, state:
             state.positional = saved
 
 
-def _exit(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _exit(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     status = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 0
     why = f"line {node.line}: exit {status}"
     if state.decided_by:
@@ -261,21 +254,21 @@ def _exit(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: S
     raise Exit(status, why)
 
 
-def _return(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _return(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     status = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 0
     if not interp.frames:  # outside a function or a sourced file: bash says so, and goes on
         return 1
     raise Return(status)
 
 
-def _break(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _break(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     levels = int(words[1].text) if len(words) > 1 and words[1].text.isdigit() else 1
     if not interp.loops:  # outside a loop: bash says so, and goes on
         return 0
     raise Break(max(levels, 1), again=words[0].text == "continue")
 
 
-def _read(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _read(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``read [-r] [-a ARRAY] NAMES <<< word``: the line split on IFS, the last name taking the
     rest; from anywhere but a here-string, what only the running job has."""
     line = whole_word(interp, node.herestring, state) if node.herestring else None
@@ -305,7 +298,7 @@ def _read(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: S
     return 0
 
 
-def _outside(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _outside(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``read``, ``getopts``, ``mapfile``: their variables come from outside the script."""
     reason = f"{words[0].text} at line {node.line}, which reads what only the running job has"
     names = [w.text for w in words[1:] if w.text.isidentifier()]
@@ -317,7 +310,7 @@ def _outside(interp: Interpreter, words: list[ExpandedWord], node: Simple, state
     return Unknown(reason)
 
 
-def _command(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _command(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``command NAME ...`` runs NAME bypassing functions; ``command -v`` asks the file system."""
     rest = words[1:]
     if not rest or rest[0].text in ("-v", "-V"):
@@ -331,14 +324,14 @@ def _command(interp: Interpreter, words: list[ExpandedWord], node: Simple, state
     return interp.external(rest, node, state) if rest else 0
 
 
-def _exec(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _exec(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     if len(words) == 1:
         return 0  # exec with redirections only
     status = interp.command(words[1:], node, state)
     raise Exit(status, f"line {node.line}: exec ends the script")
 
 
-def _shopt(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _shopt(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``shopt -s extglob`` (or another option of how words are read): what follows is read
     differently by bash, so everything after is unknown here."""
     changes = [w.text for w in words[1:] if not w.text.startswith("-")]
@@ -353,20 +346,16 @@ def _shopt(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: 
     return 0
 
 
-def _not_followed(
-    interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State
-) -> Status:
+def _not_followed(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """Builtins that change nothing a launch line reads (``trap``, ``ulimit``, ``wait``...)."""
     return 0
 
 
-def whole_word(interp: Interpreter, word: Word, state: State) -> ExpandedWord:
+def whole_word(interp: Runner, word: Word, state: State) -> ExpandedWord:
     return expand_whole(word, interp.scope(state))
 
 
-def matches(
-    interp: Interpreter, subject: ExpandedWord, pattern: Word, state: State
-) -> bool | Unknown:
+def matches(interp: Runner, subject: ExpandedWord, pattern: Word, state: State) -> bool | Unknown:
     if subject.unresolved:
         return Unknown(f"a case on {subject.unresolved}")
     interp.decided_by += list(subject.missing)

@@ -4,16 +4,12 @@ opened it ends.  A body is data, never commands of the script."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ray_layout.errors import quoted
+from ray_layout.shell.scanner import Scanner
 from ray_layout.shell.tokens import Heredoc, Literal
 
-if TYPE_CHECKING:
-    from ray_layout.shell.lexer import Lexer
 
-
-def delimiter(lexer: Lexer, *, strip_tabs: bool) -> None:
+def delimiter(lexer: Scanner, *, strip_tabs: bool) -> None:
     while lexer.peek() in (" ", "\t"):
         lexer.advance()
     if lexer.peek() in ("", "\n"):
@@ -26,7 +22,7 @@ def delimiter(lexer: Lexer, *, strip_tabs: bool) -> None:
     lexer.pending_heredocs.append((delimiter, strip_tabs, quoted))
 
 
-def read_bodies(lexer: Lexer) -> None:
+def read_bodies(lexer: Scanner) -> None:
     """The body of each here-document opened on the line just ended: the lines up to its
     delimiter alone on a line (tabs stripped for ``<<-``).  The body is data, never read
     for quotes; under an unquoted delimiter a backslash-newline joins two lines (so
@@ -42,7 +38,7 @@ def read_bodies(lexer: Lexer) -> None:
         lexer.tokens.append(Heredoc(delimiter, "\n".join(body), start_line, quoted))
 
 
-def heredoc_line(lexer: Lexer, delimiter: str, start_line: int, *, joined: bool) -> str:
+def heredoc_line(lexer: Scanner, delimiter: str, start_line: int, *, joined: bool) -> str:
     """The next line of a here-document's body (with its continuations where ``joined``)."""
     pieces: list[str] = []
     while True:

@@ -26,6 +26,7 @@ from ray_layout.shell.parse import parse
 from ray_layout.shell.recorded import Command, ScriptRun
 from ray_layout.shell.refusal import ShellError
 from ray_layout.shell.relocate import Placement
+from ray_layout.shell.runner import FileReader
 from ray_layout.shell.state import Scope, State
 from ray_layout.shell.syntax import (
     AndOr,
@@ -59,9 +60,6 @@ from ray_layout.shell.values import (
 
 MAX_STEPS = 300_000
 MAX_DEPTH = 100  # function calls, sources, evals and substitutions inside each other
-
-
-FileReader = Callable[[str], "str | None"]
 
 
 def run_script(
@@ -118,6 +116,9 @@ def run_script(
 
 
 class Interpreter:
+    """Runs the tree, a node at a time, by the module for its kind; what those modules see of it
+    is :class:`ray_layout.shell.runner.Runner`."""
+
     def __init__(
         self,
         source: str,

@@ -6,20 +6,17 @@ set is unresolved."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
 from ray_layout.shell import branching
 from ray_layout.shell.builtins import arithmetic_status
 from ray_layout.shell.flow import Break, Exit, Return, Status, Uncertain, Unknown
+from ray_layout.shell.runner import Runner
 from ray_layout.shell.state import State
 from ray_layout.shell.syntax import ArithmeticFor, Commands, For, While
 from ray_layout.shell.values import ExpandedWord, Text, Unresolved, elements
 
-if TYPE_CHECKING:
-    from ray_layout.shell.interpreter import Interpreter
 
-
-def loop(interp: Interpreter, node: For | ArithmeticFor | While, state: State) -> Status:
+def loop(interp: Runner, node: For | ArithmeticFor | While, state: State) -> Status:
     interp.loops += 1
     try:
         return iterate(interp, node, state)
@@ -30,7 +27,7 @@ def loop(interp: Interpreter, node: For | ArithmeticFor | While, state: State) -
         interp.loops -= 1
 
 
-def iterate(interp: Interpreter, node: For | ArithmeticFor | While, state: State) -> Status:
+def iterate(interp: Runner, node: For | ArithmeticFor | While, state: State) -> Status:
     if isinstance(node, For):
         return for_words(interp, node, state)
     if isinstance(node, ArithmeticFor):
@@ -38,7 +35,7 @@ def iterate(interp: Interpreter, node: For | ArithmeticFor | While, state: State
     return while_loop(interp, node, state)
 
 
-def body_once(interp: Interpreter, node: Commands, state: State) -> str | None:
+def body_once(interp: Runner, node: Commands, state: State) -> str | None:
     """One pass of a loop's body: None to go on, "break" to leave the loop."""
     try:
         interp.sequence(node, state)
@@ -49,7 +46,7 @@ def body_once(interp: Interpreter, node: Commands, state: State) -> str | None:
     return None
 
 
-def for_words(interp: Interpreter, node: For, state: State) -> Status:
+def for_words(interp: Runner, node: For, state: State) -> Status:
     interp.step(node.line)
     if node.words is None:
         values = interp.scope(state).get("@")
@@ -78,7 +75,7 @@ def for_words(interp: Interpreter, node: For, state: State) -> Status:
     return 0
 
 
-def arithmetic_for(interp: Interpreter, node: ArithmeticFor, state: State) -> Status:
+def arithmetic_for(interp: Runner, node: ArithmeticFor, state: State) -> Status:
     arithmetic_status(interp, node.start, node.line, state, allow_empty=True)
     while True:
         interp.step(node.line)
@@ -91,7 +88,7 @@ def arithmetic_for(interp: Interpreter, node: ArithmeticFor, state: State) -> St
         arithmetic_status(interp, node.step, node.line, state, allow_empty=True)
 
 
-def while_loop(interp: Interpreter, node: While, state: State) -> Status:
+def while_loop(interp: Runner, node: While, state: State) -> Status:
     while True:
         interp.step(node.line)
         status, decided = branching.test(interp, node.condition, state)
@@ -109,7 +106,7 @@ def while_loop(interp: Interpreter, node: While, state: State) -> Status:
 
 
 def unknown_body(
-    interp: Interpreter, body: Commands, state: State, reason: str, variable: str | None = None
+    interp: Runner, body: Commands, state: State, reason: str, variable: str | None = None
 ) -> None:
     """A loop whose passes the reader cannot count: its body is read once for the commands
     in it (conditional), and whatever it may set is unresolved."""

@@ -7,24 +7,19 @@ from __future__ import annotations
 import contextlib
 import posixpath
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ray_layout.errors import clipped
 from ray_layout.shell.expand import expand_whole
 from ray_layout.shell.flow import Break, Exit, Return, Uncertain, Unknown
 from ray_layout.shell.lexer import tokenize
+from ray_layout.shell.runner import Runner
 from ray_layout.shell.state import State
 from ray_layout.shell.syntax import Simple
 from ray_layout.shell.tokens import Substitution, Word
 from ray_layout.shell.values import ExpandedWord, Text, Unresolved, Value
 
-if TYPE_CHECKING:
-    from ray_layout.shell.interpreter import Interpreter
 
-
-def run_nested_shell(
-    interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State
-) -> None:
+def run_nested_shell(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> None:
     """``bash -c TEXT [NAME ARGS...]`` anywhere in a command (``srun bash -x -c "$CMD"``): TEXT
     is read as a script of its own, which sees only the exported variables."""
     for position, word in enumerate(words):
@@ -45,7 +40,7 @@ def run_nested_shell(
 
 
 def run_heredoc_script(
-    interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State
+    interp: Runner, words: list[ExpandedWord], node: Simple, state: State
 ) -> None:
     """``sbatch <<EOF`` (and ``bash``/``sh`` reading a here-document): the body is the script it
     runs, expanded first where its delimiter is not quoted, as bash expands it."""
@@ -82,7 +77,7 @@ def _as_double_quoted(body: str, line: int) -> Word:
 
 
 def _child(
-    interp: Interpreter, text: Text, rest: list[ExpandedWord], node: Simple, state: State, what: str
+    interp: Runner, text: Text, rest: list[ExpandedWord], node: Simple, state: State, what: str
 ) -> None:
     child = state.copy()
     child.variables = {
@@ -96,7 +91,7 @@ def _child(
         interp.run_text(text, node.line, child, what)
 
 
-def substitute(interp: Interpreter, part: Substitution, state: State) -> Value:
+def substitute(interp: Runner, part: Substitution, state: State) -> Value:
     """``$(...)``: its output where it runs only builtins on known values."""
     inner = state.copy()
     inner.output, inner.impure, inner.condition = [], None, None
@@ -122,7 +117,7 @@ def substitute(interp: Interpreter, part: Substitution, state: State) -> Value:
     return Text(output.text[:end], output.offsets[:end], output.missing)
 
 
-def expand_heredoc(interp: Interpreter, node: Simple, state: State) -> None:
+def expand_heredoc(interp: Runner, node: Simple, state: State) -> None:
     """The command's here-document as it reaches the command: expanded first where its
     delimiter is not quoted (its ``$(...)`` run too, whatever reads the body), as bash does."""
     heredoc = node.heredoc

@@ -5,12 +5,8 @@ quotes too: a pattern stays a pattern."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from ray_layout.shell.scanner import Scanner
 from ray_layout.shell.tokens import SPECIAL_PARAMETERS, Part, Reference
-
-if TYPE_CHECKING:
-    from ray_layout.shell.lexer import Lexer
 
 # After ``${NAME``: each before any that is its prefix; ``#``/``%`` take a second (``##``).
 _BRACE_OPERATORS = (
@@ -19,7 +15,7 @@ _BRACE_OPERATORS = (
 )
 
 
-def braced(lexer: Lexer, quoted: bool, depth: int) -> Reference:
+def braced(lexer: Scanner, quoted: bool, depth: int) -> Reference:
     start, line = lexer.pos, lexer.line
     lexer.advance(2)
     length = lexer.peek() == "#" and lexer.peek(1) not in ("}", "")
@@ -85,7 +81,7 @@ def braced(lexer: Lexer, quoted: bool, depth: int) -> Reference:
     )
 
 
-def skip_to_brace(lexer: Lexer, line: int) -> None:
+def skip_to_brace(lexer: Scanner, line: int) -> None:
     depth = 0
     while (char := lexer.peek()) != "" and (char != "}" or depth):
         depth += (char == "{") - (char == "}")

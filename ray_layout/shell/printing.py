@@ -6,18 +6,14 @@ place in the script where it has one."""
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ray_layout.shell.arithmetic import printf
 from ray_layout.shell.escapes import backslash_escape
 from ray_layout.shell.flow import Status, Unknown
+from ray_layout.shell.runner import Builtin, Runner
 from ray_layout.shell.state import State
 from ray_layout.shell.syntax import Simple
 from ray_layout.shell.values import ExpandedWord, Text, Unresolved, Value
-
-if TYPE_CHECKING:
-    from ray_layout.shell.interpreter import Interpreter
 
 
 def _known_texts(words: list[ExpandedWord]) -> list[str] | str:
@@ -26,7 +22,7 @@ def _known_texts(words: list[ExpandedWord]) -> list[str] | str:
     return unknown if unknown is not None else [w.text for w in words]
 
 
-def _echo(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _echo(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     arguments = words[1:]
     newline, escapes = True, False
     while (
@@ -71,7 +67,7 @@ def _print(state: State, pieces: list[Text]) -> None:
         state.output += pieces
 
 
-def _printf(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _printf(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     arguments = words[1:]
     target = None
     if len(arguments) >= 2 and arguments[0].text == "-v":
@@ -100,7 +96,7 @@ def _printf(interp: Interpreter, words: list[ExpandedWord], node: Simple, state:
     return 0
 
 
-def _cd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _cd(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``cd``: the directory it names becomes the shell's.  Whether it exists only the job knows,
     but for the script's own folder (``cd "$(dirname "$0")"``), which does."""
     arguments = [w for w in words[1:] if w.text not in ("--", "-P", "-L")]
@@ -119,7 +115,7 @@ def _cd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: Sta
     return Unknown(f"whether the directory of cd (line {node.line}) exists")
 
 
-def _pwd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _pwd(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     if state.cwd is None:  # the directory the job starts in: the job's, unless --env PWD gives it
         given = interp.environment.get("PWD")
         if given is None:
@@ -133,7 +129,7 @@ def _pwd(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: St
     return 0
 
 
-def _dirname(interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State) -> Status:
+def _dirname(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``dirname`` and ``basename`` are text functions, as coreutils computes them."""
     arguments = [w for w in words[1:] if w.text != "--"]
     texts = _known_texts(arguments)
@@ -166,7 +162,7 @@ def _base(path: str) -> str:
     return stripped.rpartition("/")[2] if stripped else ("/" if path else "")
 
 
-OUTPUT_BUILTINS: dict[str, Callable[[Interpreter, list[ExpandedWord], Simple, State], Status]] = {
+OUTPUT_BUILTINS: dict[str, Builtin] = {
     "echo": _echo,
     "printf": _printf,
     "cd": _cd,

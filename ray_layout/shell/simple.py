@@ -5,20 +5,16 @@ locals."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ray_layout.shell import assignments, builtins, nested
 from ray_layout.shell.flow import Return, Status, Uncertain
+from ray_layout.shell.runner import Runner
 from ray_layout.shell.state import State
 from ray_layout.shell.syntax import DECLARATIONS, FunctionDefinition, Simple
 from ray_layout.shell.tokens import Word
 from ray_layout.shell.values import ExpandedWord, Text
 
-if TYPE_CHECKING:
-    from ray_layout.shell.interpreter import Interpreter
 
-
-def run_simple(interp: Interpreter, node: Simple, state: State) -> Status:
+def run_simple(interp: Runner, node: Simple, state: State) -> Status:
     interp.step(node.line)
     interp.line = node.line
     nested.expand_heredoc(interp, node, state)
@@ -40,16 +36,14 @@ def run_simple(interp: Interpreter, node: Simple, state: State) -> Status:
     return interp.command(words, node, state)
 
 
-def runs_here(interp: Interpreter, words: list[ExpandedWord], state: State) -> bool:
+def runs_here(interp: Runner, words: list[ExpandedWord], state: State) -> bool:
     """Whether the command runs in this shell (a function or a builtin), so that its
     ``NAME=value`` prefixes are the shell's variables while it runs."""
     name = words[0].text
     return not words[0].unknown and (name in state.functions or name in builtins.BUILTINS)
 
 
-def with_prefixes(
-    interp: Interpreter, words: list[ExpandedWord], node: Simple, state: State
-) -> Status:
+def with_prefixes(interp: Runner, words: list[ExpandedWord], node: Simple, state: State) -> Status:
     """``X=1 f``: X holds 1 while the function or builtin runs, then what it held."""
     saved = {}
     for token in node.assignments:
@@ -70,7 +64,7 @@ def with_prefixes(
 
 
 def call(
-    interp: Interpreter, function: FunctionDefinition, words: list[ExpandedWord], state: State
+    interp: Runner, function: FunctionDefinition, words: list[ExpandedWord], state: State
 ) -> Status:
     saved, given = state.positional, state.arguments_given
     state.arguments_given = True  # a function's own arguments are its words
