@@ -50,6 +50,7 @@ from ray_layout.model.costs import costs_from_flops  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.spec import Recipe, load_recipe_file, with_parallel  # noqa: E402
 from ray_layout.runtime.layout_runs import Backend, rank_command  # noqa: E402
+from search.pipeline_ops import ScheduleShape  # noqa: E402
 from search.schedule import compile_schedule  # noqa: E402
 from search.simulator import simulate, stage_durations  # noqa: E402
 
@@ -127,7 +128,7 @@ def simulated_own_step(recipe: Recipe, ranks: list[RankCosts]) -> float:
              == (stage + 1) % pp * per_stage // GPUS_PER_NODE else truth.p2p_inter_node_ms
              for stage in range(pp)]  # fmt: skip
     step = simulate(
-        compile_schedule(pp, 1, recipe.parallel.num_microbatches_or_none),
+        compile_schedule(ScheduleShape(pp, 1, recipe.parallel.num_microbatches_or_none)),
         stage_durations([sum(rank.forward_ms) for rank in ranks]),
         stage_durations([sum(rank.backward_ms) for rank in ranks]),
         np.array(links),

@@ -40,11 +40,12 @@ from ray_layout.measure.memory_fit import fit_memory  # noqa: E402
 from ray_layout.measure.observations import RunObservation  # noqa: E402
 from ray_layout.model.costs import costs_from_flops  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
+from ray_layout.model.memory_settings import memory_settings  # noqa: E402
 from ray_layout.model.sizing import GIB  # noqa: E402
 from ray_layout.model.spec import Recipe, build_recipe, load_recipe_file  # noqa: E402
 from search.cost_model import in_flight_at_peak  # noqa: E402
 from search.memory import stage_memory  # noqa: E402
-from search.memory_settings import memory_settings  # noqa: E402
+from search.pipeline_ops import ScheduleShape  # noqa: E402
 
 LOGS = ROOT.parent / "shared" / "data" / "real_megatron_logs"
 MAX_ALLOCATED = re.compile(
@@ -118,7 +119,7 @@ def emulated_cases() -> list[Case]:
 
 
 def _held(recipe: Recipe, layout: Layout, microbatches: int) -> list[dict[int, int]]:
-    counts = in_flight_at_peak(layout.pp, layout.vpp, microbatches)
+    counts = in_flight_at_peak(ScheduleShape(layout.pp, layout.vpp, microbatches))
     return [dict(enumerate(map(int, row))) for row in counts]
 
 

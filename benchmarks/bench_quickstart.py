@@ -177,7 +177,9 @@ def against_own_costs(summary: TuneSummary, recipe: Recipe, settings: TuneSettin
         layout = Layout.parse(a.layout, recipe.parallel.pp)
         simulated[a.layout] = score_given(layout, problem).mean_ms
     measured = {a.layout: a.measured_ms for a in summary.arms}
-    pick = pick_check(summary.pick, str(top[0].layout), simulated, measured, settings.ab.margin)
+    pick = pick_check(
+        summary.pick, str(top[0].layout), simulated, measured, settings.options.ab.margin
+    )
     spent, full = float(summary.gpu_seconds_spent), float(summary.gpu_seconds_full)
     return Faithfulness(tuple(arm_checks(summary.arms, simulated)), top, pick, spent, full)
 

@@ -22,6 +22,7 @@ from ray_layout.model.loading import load_recipe
 from ray_layout.model.spec import Recipe, build_recipe, with_parallel
 from search.cost_model import build_cost_model
 from search.evaluate import score
+from search.pipeline_ops import ScheduleShape
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
@@ -135,7 +136,7 @@ def throughput() -> None:
     """Noise-free scoring rate of one core (the planner's inner loop) at PP 8, M 128."""
     run = dense_recipe(32, 8, "dense-32L")
     space = LayoutSpace(32, 0, 8)
-    program = compile_schedule(8, 1, 128)
+    program = compile_schedule(ScheduleShape(8, 1, 128))
     model = build_cost_model(run.model, run.parallel, measured_like(run), 128)
     cuts = np.concatenate(list(itertools.islice(space.cut_blocks(4096), 4)))
     counts = space.unit_counts(cuts, model.units, model.moe_pattern)

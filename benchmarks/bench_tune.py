@@ -78,7 +78,7 @@ from ray_layout.report.summary import TuneSummary  # noqa: E402
 from ray_layout.runtime.layout_runs import Backend, LayoutRun, RunOptions, run_layouts  # noqa: E402
 from ray_layout.runtime.policy import RunPolicy  # noqa: E402
 from ray_layout.tuning.loop import run_tune  # noqa: E402
-from ray_layout.tuning.settings import TuneSettings, study_id  # noqa: E402
+from ray_layout.tuning.settings import TuneOptions, TuneSettings, study_id  # noqa: E402
 from search.planner import PlanOptions, Problem, SearchSpec, score_given  # noqa: E402, Problem
 from search.space import LayoutSpace  # noqa: E402
 
@@ -223,12 +223,14 @@ def tune_settings(
         log_dir=workdir / "logs",
         report_dir=workdir / "report",
         gpus_per_node=GPUS_PER_NODE,
-        ab=AB,
-        ab_top=AB_TOP,
-        profile_iters=PROFILE_ITERS,
-        hbm_gib=HBM_GIB,
-        policy=POLICY,
-        runs_at_once=runs_at_once,
+        options=TuneOptions(
+            ab=AB,
+            ab_top=AB_TOP,
+            profile_iters=PROFILE_ITERS,
+            hbm_gib=HBM_GIB,
+            policy=POLICY,
+            runs_at_once=runs_at_once,
+        ),
     )
 
 
@@ -237,13 +239,13 @@ def predictor(recipe: Recipe, summary: TuneSummary, settings: TuneSettings):
     search scores it (same Monte Carlo samples and seed)."""
     spec = SearchSpec(
         num_microbatches=recipe.parallel.num_microbatches_or_none,
-        allow_standalone_mtp=settings.allow_standalone_mtp,
+        allow_standalone_mtp=settings.options.allow_standalone_mtp,
     )
     options = PlanOptions(
-        top=max(10, settings.ab_top),
-        samples=settings.samples,
-        seed=settings.seed,
-        hbm_gib=settings.hbm_gib,
+        top=max(10, settings.options.ab_top),
+        samples=settings.options.samples,
+        seed=settings.options.seed,
+        hbm_gib=settings.options.hbm_gib,
     )
 
     def predict(layout: Layout) -> float:
@@ -281,7 +283,7 @@ def measure(
     options = RunOptions(
         gpus_per_node=GPUS_PER_NODE,
         settings=MegatronRunSettings(train_iters=iters),
-        policy=settings.policy,
+        policy=settings.options.policy,
         max_parallel=1,
     )
     rows = []

@@ -8,8 +8,9 @@ It makes the whole tuning loop runnable and testable without GPUs.  The code liv
 ``launchers/emulated/``; this module is its entry.  It is independent of the planner's simulator
 (``search.schedule``): it takes neither its order of work nor its timing, so that measuring the
 emulator tests the planner rather than the planner agreeing with itself.  Two things are shared
-as vocabulary: the op types (``Compute``, ``P2PCall`` and the transfer names of
-``search.schedule``), so that a test can hold the two orders side by side, and the memory model
+as vocabulary: the op types and the schedule's shape (``Compute``, ``P2PCall``, the transfer
+names and ``ScheduleShape`` of ``search.pipeline_ops``), so that a test can hold the two orders
+side by side, and the memory model
 (``search.memory``), since a profile's memory calibration and overhead mean what that model
 says.
 

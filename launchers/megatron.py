@@ -18,10 +18,10 @@ from pathlib import Path
 from launchers.megatron_flags import MergedArguments, merge_arguments
 from ray_layout.errors import ConfigError, LayoutError
 from ray_layout.model.baselines import megatron_default
-from ray_layout.model.fields import model_flags
+from ray_layout.model.fields import ModelSpec, model_flags
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.megatron_args import check_arguments, parse_flags
-from ray_layout.model.spec import ModelSpec, ParallelConfig, Recipe
+from ray_layout.model.spec import ParallelConfig, Recipe
 from ray_layout.model.split import SPLIT_FLAGS, PipelineSplit
 
 ARGUMENTS_SOURCE = "pretrain_gpt.py arguments"  # how errors in an argument list name it

@@ -14,7 +14,6 @@ Flags are matched by their argparse ``dest``, so ``--no-x`` and aliases count as
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -81,14 +80,9 @@ PROFILING_OFF_REASON = (
     "EP overlap is off in profiling runs, whose timers must part forward from backward; "
     "the A/B runs keep it"
 )
+
+
 # Flags that change what a unit costs: the study id (the resume key) includes them.
-_COST_FLAG = re.compile(
-    r"--(no-)?(bf16|fp16|fp8|fp4|first-last-layers-bf16|grad-reduce-in-bf16|recompute|"
-    r"moe-layer-recompute|attention-backend|moe-router-dtype|transformer-impl|moe-grouped-gemm|"
-    r"moe-token-dispatcher-type|use-precision-aware-optimizer)[-\w]*|--[-\w]*overlap[-\w]*"
-)
-
-
 @dataclass(frozen=True)
 class MergedArguments:
     """A run's ``pretrain_gpt.py`` arguments and what became of the user's flags."""
@@ -165,17 +159,6 @@ def _unresolved_notes(unresolved: Sequence[UnresolvedArgument], tuners: set[str]
         reason = groups.get(dest, "set by the tuner: the tuner's")
         notes.append(f"removed {argument.text} ({reason})")
     return notes
-
-
-def cost_flags(user: Sequence[str]) -> tuple[str, ...]:
-    """The user's flags that change unit costs (precision, recompute, fp8, attention backend,
-    router dtype, overlap, grouped GEMM, ...), with their values, in order."""
-    return tuple(
-        word
-        for use in walk_flags(user, USER_SOURCE, strict=True, keep_unknown=True)
-        if _COST_FLAG.fullmatch(use.flag)
-        for word in _as_words(use)
-    )
 
 
 # Precision is a choice of one: the tuner's default --bf16 gives way to the user's --fp16.

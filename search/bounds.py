@@ -27,13 +27,14 @@ carries down (``Node.state``), never which schedule it searches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 from search.cost_model import CostModel
-from search.schedule import BACKWARD, Program, compute_order
+from search.pipeline_ops import BACKWARD
+from search.schedule import Program, compute_order
 from search.space import LayoutSpace
 
 PRUNE_TOLERANCE_MS = 1e-5  # ms: a bound this close to a step may be its own path summed otherwise
@@ -130,15 +131,16 @@ def serial_p2p(program: Program, p2p_ms: np.ndarray, chunk: int = 0) -> np.ndarr
     compute; with overlapped p2p a post takes no time and a wait may take none, so neither
     counts.  The calls before that forward overlap micro-batch 0's way to it, and the first
     and last calls the fill and drain."""
-    totals = np.zeros(program.pp)
-    calls: list[list[int]] = [[] for _ in range(program.pp)]
+    totals = np.zeros(program.shape.pp)
+    calls: list[list[int]] = [[] for _ in range(program.shape.pp)]
     first_forward = [
         next(
             op
             for op in range(len(program.rank))
-            if program.rank[op] == rank and program.compute_slot[op] == chunk * program.pp + rank
+            if program.rank[op] == rank
+            and program.compute_slot[op] == chunk * program.shape.pp + rank
         )
-        for rank in range(program.pp)
+        for rank in range(program.shape.pp)
     ]
     for op_id, transfers in enumerate(program.transfers):  # each rank's ops in its own order
         if transfers and program.own[op_id] == op_id:
@@ -153,9 +155,10 @@ def serial_p2p(program: Program, p2p_ms: np.ndarray, chunk: int = 0) -> np.ndarr
 
 
 def forwards_before_first_backward(program: Program) -> list[int]:
-    """Per rank, how many forwards it runs before its first backward, in Megatron's order."""
-    order = compute_order(program.pp, program.vpp, program.num_microbatches, program.group_size)
-    everything = program.num_microbatches * program.vpp
+    """Per rank, how many forwards it runs before its first backward, in Megatron's order
+    without combined 1F1B's extra warm-up forward."""
+    order = compute_order(replace(program.shape, combined=False))
+    everything = program.shape.num_microbatches * program.shape.vpp
     return [
         next((i for i, op in enumerate(ops) if op.kind == BACKWARD), everything) for ops in order
     ]
@@ -189,7 +192,7 @@ class OneFOneBPaths:
 
 
 def one_f_one_b_paths(program: Program, sums: ItemSums, p2p_ms: np.ndarray) -> OneFOneBPaths:
-    m, pp = program.num_microbatches, program.pp
+    m, pp = program.shape.num_microbatches, program.shape.pp
     f, bw, tl = sums.forward, sums.backward, sums.tail
     n = len(f)
     a, b = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
@@ -322,7 +325,7 @@ class InterleavedBound:
     """
 
     def __init__(self, space: LayoutSpace, program: Program, cost_model: CostModel, sums: ItemSums):
-        pp, stages, m = space.pp, space.num_stages, program.num_microbatches
+        pp, stages, m = space.pp, space.num_stages, program.shape.num_microbatches
         self.pp, self.stages, self.m, self.sums = pp, stages, m, sums
         self.last_chunk_start = (space.vpp - 1) * pp
         # the p2p hops micro-batch 0 crosses to reach flat stage (chunk, rank): those within the
@@ -337,7 +340,7 @@ class InterleavedBound:
         rho = float(forward_share.max())
         self.chunk_terms = [  # (chunk, compute after its first forward, p2p after it)
             (chunk, weight, serial_p2p(program, cost_model.p2p_ms, chunk))
-            for chunk, weight in ((0, m), (space.vpp - 1, m - program.group_size * rho))
+            for chunk, weight in ((0, m), (space.vpp - 1, m - program.shape.group_size * rho))
         ]
         warmups = np.array(forwards_before_first_backward(program))
         self.first_rates = np.maximum(m - warmups * rho, 1e-9)

@@ -33,48 +33,16 @@ model here assumes:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
-from ray_layout.model.megatron_args import parse_flags
-from search.schedule import BACKWARD, FORWARD, Compute, Op
-
-if TYPE_CHECKING:  # search.cost_model builds its merge from this module
-    from search.cost_model import CostModel
-
-# Megatron's own rules for the flag (transformer_config.py and arguments.py, 0.16.1)
-NEEDS_VPP = (
-    "--overlap-moe-expert-parallel-comm with PP > 1 needs a virtual pipeline (VPP > 1): "
-    "megatron-core's rule 'virtual_pipeline_model_parallel_size must be specified when "
-    "pipeline_model_parallel_size > 1'"
-)
-
-
-@dataclass(frozen=True)
-class EpOverlap:
-    """The job's EP all-to-all overlap flags."""
-
-    on: bool = False  # --overlap-moe-expert-parallel-comm
-    delay_wgrad: bool = False  # --delay-wgrad-compute
-
-
-NO_EP_OVERLAP = EpOverlap()
-
-
-def ep_overlap(args: Sequence[str], source: str = "megatron_args") -> EpOverlap:
-    flags = parse_flags(
-        args, source, only={"overlap_moe_expert_parallel_comm", "delay_wgrad_compute"}
-    )
-    return EpOverlap(
-        on=bool(flags.get("overlap_moe_expert_parallel_comm")),
-        delay_wgrad=bool(flags.get("delay_wgrad_compute")),
-    )
+from ray_layout.model.job_flags import EpOverlap
+from search.pipeline_ops import BACKWARD, FORWARD, NEEDS_VPP, Compute, Op
 
 
 def rule_violations(
-    overlap: EpOverlap,
+    ep_overlap: EpOverlap,
     *,
     pp: int,
     vpp: int,
@@ -82,11 +50,12 @@ def rule_violations(
     mtp_num_layers: int,
     recompute_granularity: str | None,
 ) -> list[str]:
-    """What megatron-core refuses about this job's EP overlap, each with the rule's reason."""
-    if not overlap.on:
+    """What megatron-core refuses about this job's EP overlap, each with the rule's reason
+    (transformer_config.py and arguments.py, 0.16.1)."""
+    if not ep_overlap.on:
         return (
             ["--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (megatron-core)"]
-            if overlap.delay_wgrad
+            if ep_overlap.delay_wgrad
             else []
         )
     found = []
@@ -234,23 +203,3 @@ def merge_savings(
         moe_unit=next((units.index(u) for u in attention_share if u in moe_units), -1),
         a2a_ms=a2a_ms,
     )
-
-
-def lower_bound_model(cost_model: CostModel) -> CostModel:
-    """The cost model bounds are built on: for combined 1F1B each decoder layer's forward and
-    backward less its share of the most a merged pair hides, and no merge; otherwise the model
-    itself.  A MoE pair's saving is split evenly between its two layers, and what a mixed pair
-    saves beyond that goes to its dense layer, so the shares of any pair cover its saving and a
-    merged step never runs below them (nor does an unmerged op, which hides nothing)."""
-    merge = cost_model.merge
-    if merge is None:
-        return cost_model
-    forward, backward = cost_model.forward_ms.copy(), cost_model.backward_ms.copy()
-    half = merge.moe_moe / 2
-    if merge.moe_unit >= 0:
-        forward[merge.moe_unit] -= half
-        backward[merge.moe_unit] -= half
-    if merge.dense_unit >= 0:
-        forward[merge.dense_unit] -= max(merge.dense_moe - half, 0.0)
-        backward[merge.dense_unit] -= max(merge.moe_dense - half, 0.0)
-    return replace(cost_model, forward_ms=forward, backward_ms=backward, merge=None)

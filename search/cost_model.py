@@ -14,7 +14,10 @@ import numpy as np
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
+from ray_layout.model.fields import ModelSpec
+from ray_layout.model.job_flags import NO_EP_OVERLAP, EpOverlap
 from ray_layout.model.layout import EMBEDDING, LOSS, MTP
+from ray_layout.model.memory_settings import MemorySettings
 from ray_layout.model.sizing import (
     DECODER_UNITS,
     GIB,
@@ -23,8 +26,8 @@ from ray_layout.model.sizing import (
     layer_units,
     unit_sizes,
 )
-from ray_layout.model.spec import ModelSpec, ParallelConfig
-from search.combined import NO_EP_OVERLAP, EpOverlap, MergeSavings, merge_savings
+from ray_layout.model.spec import ParallelConfig
+from search.combined import MergeSavings, merge_savings
 from search.memory import (
     PLAIN,
     activation_bytes,
@@ -34,8 +37,8 @@ from search.memory import (
     recompute_bytes,
     static_bytes,
 )
-from search.memory_settings import MemorySettings
-from search.schedule import BACKWARD, compute_order
+from search.pipeline_ops import BACKWARD, ScheduleShape
+from search.schedule import compute_order
 
 
 @dataclass(frozen=True)
@@ -72,19 +75,13 @@ class CostModel:
         return bool(np.any(self.jitter_cv > 0))
 
 
-def in_flight_at_peak(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    group_size: int | None = None,
-    combined: bool = False,
-):
+def in_flight_at_peak(shape: ScheduleShape) -> np.ndarray:
     """(PP, VPP) micro-batches of each chunk whose activations a rank holds when it holds the
     most (forwards done, backwards not yet), walking Megatron's own op order (a merged step
     holds its forward's before its backward frees its own)."""
-    counts = np.zeros((pp, vpp), dtype=int)
-    for rank, ops in enumerate(compute_order(pp, vpp, num_microbatches, group_size, combined)):
-        held = np.zeros(vpp, dtype=int)
+    counts = np.zeros((shape.pp, shape.vpp), dtype=int)
+    for rank, ops in enumerate(compute_order(shape)):
+        held = np.zeros(shape.vpp, dtype=int)
         for op in ops:
             held[op.chunk] += -1 if op.kind == BACKWARD else 1
             if held.sum() > counts[rank].sum():
@@ -123,11 +120,11 @@ def build_cost_model(
     num_microbatches: int,
     group_size: int | None = None,
     settings: MemorySettings = PLAIN,
-    overlap: EpOverlap = NO_EP_OVERLAP,
+    ep_overlap: EpOverlap = NO_EP_OVERLAP,
 ) -> CostModel:
     """Arrays over the model's units for a run of ``parallel`` sizes and ``num_microbatches``,
     with the memory the job's ``settings`` (recompute, optimizer precision, offload) imply and
-    the merged steps of its EP all-to-all ``overlap``."""
+    the merged steps of its EP all-to-all overlap (``ep_overlap``)."""
     sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
     units = tuple(sizes)
     missing = [u for u in units if u not in costs.forward_ms]
@@ -144,7 +141,9 @@ def build_cost_model(
     layers = (*DECODER_UNITS, MTP)
     static = [static_bytes(sizes[u].params, parallel, settings, fp8=u in layers) for u in units]
     in_flight = in_flight_at_peak(
-        parallel.pp, parallel.vpp, num_microbatches, group_size, overlap.on
+        ScheduleShape(
+            parallel.pp, parallel.vpp, num_microbatches, group_size, combined=ep_overlap.on
+        )
     )
     forward = np.array([costs.forward_ms[u] for u in units])
     backward = np.array([costs.backward_ms[u] for u in units])
@@ -176,7 +175,7 @@ def build_cost_model(
         block_layers=settings.recompute_num_layers if saving.any() else 0,
         block_saving_bytes=saving if saving.any() else None,
         recompute_bytes=recompute_bytes(model, parallel, settings),
-        merge=_merge(model, units, forward, backward, costs.a2a_ms, overlap),
+        merge=_merge(model, units, forward, backward, costs.a2a_ms, ep_overlap),
     )
 
 
@@ -186,12 +185,12 @@ def _merge(
     forward: np.ndarray,
     backward: np.ndarray,
     a2a: float,
-    overlap: EpOverlap,
+    ep_overlap: EpOverlap,
 ) -> MergeSavings | None:
     """What combined 1F1B's merged layer pairs hide (None without it): decoder layers only."""
-    if not overlap.on:
+    if not ep_overlap.on:
         return None
     decoder = {u: moe for u, moe in layer_units(model).items() if u in DECODER_UNITS}
     shares = {u: attention_share(model, moe) for u, moe in decoder.items()}
     moe_units = [u for u, moe in decoder.items() if moe]
-    return merge_savings(units, forward, backward, shares, a2a, moe_units, overlap.delay_wgrad)
+    return merge_savings(units, forward, backward, shares, a2a, moe_units, ep_overlap.delay_wgrad)

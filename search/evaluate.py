@@ -100,23 +100,23 @@ def tail_ms(cost_model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
 
 def hidden_ms(program: Program, cost_model: CostModel, counts: np.ndarray) -> np.ndarray | None:
     """(PP x VPP x VPP, n) what each merged pair of combined 1F1B hides; None without merges."""
-    if cost_model.merge is None or not program.combined:
+    if cost_model.merge is None or not program.shape.combined:
         return None
-    return cost_model.merge.hidden_ms(counts, program.pp, program.vpp)
+    return cost_model.merge.hidden_ms(counts, program.shape.pp, program.shape.vpp)
 
 
 def score(program: Program, cost_model: CostModel, counts: np.ndarray) -> Scores:
     """Noise-free step, loads and memory of a batch of layouts."""
     forward, backward = stage_times(cost_model, counts)
-    tail = tail_ms(cost_model, counts, program.pp)
-    standalone = _standalone_rank(counts, cost_model, program.pp).any(axis=1)
+    tail = tail_ms(cost_model, counts, program.shape.pp)
+    standalone = _standalone_rank(counts, cost_model, program.shape.pp).any(axis=1)
     hidden = hidden_ms(program, cost_model, counts)
     step = step_ms(program, forward.T, backward.T, cost_model.p2p_ms, tail.T, hidden_ms=hidden)
     factor = np.where(standalone, cost_model.mtp_standalone_factor, 1.0)
     return Scores(
         noise_free_ms=step * factor,
-        rank_load_ms=_per_rank(forward + backward, program.pp),
-        memory_bytes=memory(cost_model, counts, program.pp),
+        rank_load_ms=_per_rank(forward + backward, program.shape.pp),
+        memory_bytes=memory(cost_model, counts, program.shape.pp),
         standalone=standalone,
     )
 
@@ -145,7 +145,7 @@ def monte_carlo(
     op_sigma = sigma[:, ops].T  # (C, n)
     noise = np.exp(op_sigma[:, :, None] * normals[:, None, :] - op_sigma[:, :, None] ** 2 / 2)
     repeat = np.repeat(np.arange(n), samples)
-    tail = tail_ms(cost_model, counts, program.pp)
+    tail = tail_ms(cost_model, counts, program.shape.pp)
     hidden = hidden_ms(program, cost_model, counts)
     step = step_ms(
         program,
@@ -156,6 +156,6 @@ def monte_carlo(
         noise=noise.reshape(noise.shape[0], n * samples),
         hidden_ms=None if hidden is None else hidden[:, repeat],
     )
-    standalone = _standalone_rank(counts, cost_model, program.pp).any(axis=1)
+    standalone = _standalone_rank(counts, cost_model, program.shape.pp).any(axis=1)
     factor = np.where(standalone, cost_model.mtp_standalone_factor, 1.0)
     return step.reshape(n, samples) * factor[:, None]

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ray_layout.model.sizing import GIB
 from search.bounds import PRUNE_TOLERANCE_MS, Bound, ItemSums, Node, bound_for, item_sums
-from search.combined import lower_bound_model
 from search.evaluate import CostModel, score, stage_times, tail_ms
 from search.incumbent import downhill, seed_cuts
 from search.paths import CutBounds, PathCut, allowed_ends, critical_paths
@@ -350,6 +349,26 @@ def _cut_bounds(
     mtp_item = space.num_layers + 1 if space.mtp_num_layers else None
     bounds = CutBounds(cuts, sums, mtp_item, space.allow_standalone_mtp, space.first_mtp_stage)
     return bounds, relaxation
+
+
+def lower_bound_model(cost_model: CostModel) -> CostModel:
+    """The cost model bounds are built on: for combined 1F1B each decoder layer's forward and
+    backward less its share of the most a merged pair hides, and no merge; otherwise the model
+    itself.  A MoE pair's saving is split evenly between its two layers, and what a mixed pair
+    saves beyond that goes to its dense layer, so the shares of any pair cover its saving and a
+    merged step never runs below them (nor does an unmerged op, which hides nothing)."""
+    merge = cost_model.merge
+    if merge is None:
+        return cost_model
+    forward, backward = cost_model.forward_ms.copy(), cost_model.backward_ms.copy()
+    half = merge.moe_moe / 2
+    if merge.moe_unit >= 0:
+        forward[merge.moe_unit] -= half
+        backward[merge.moe_unit] -= half
+    if merge.dense_unit >= 0:
+        forward[merge.dense_unit] -= max(merge.dense_moe - half, 0.0)
+        backward[merge.dense_unit] -= max(merge.moe_dense - half, 0.0)
+    return replace(cost_model, forward_ms=forward, backward_ms=backward, merge=None)
 
 
 def exact_search(

@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
-from search.schedule import BACKWARD, FORWARD, Compute, Op, Transfer, p2p_call
+from search.pipeline_ops import (
+    BACKWARD,
+    FORWARD,
+    Compute,
+    Op,
+    ScheduleShape,
+    Transfer,
+    p2p_call,
+)
 
 
 @cache
@@ -25,31 +33,18 @@ def schedule_table(num_microbatches: int, vpp: int, group_size: int) -> tuple[tu
     return tuple(table)
 
 
-def interleaved_warmup(
-    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int, combined: bool = False
-):
-    """(warm-up forwards, all forwards in warm-up) of ``get_pp_rank_microbatches``; combined
-    1F1B runs one more, so that each merged forward and backward are independent."""
-    total = num_microbatches * vpp
-    warmup = (pp - rank - 1) * 2 + (vpp - 1) * group_size + combined
-    return (total, True) if warmup >= total else (warmup, False)
-
-
 @dataclass(frozen=True)
 class InterleavedRank:
     """One rank of the interleaved schedule: which chunk the k-th forward or backward runs,
     what it sends, and whether the next item of a direction arrives (shared by both p2p
     modes, which differ only in when the calls are posted and waited)."""
 
-    pp: int
+    shape: ScheduleShape
     rank: int
-    vpp: int
-    num_microbatches: int
-    group_size: int
 
     @property
     def total(self) -> int:
-        return self.num_microbatches * self.vpp
+        return self.shape.num_microbatches * self.shape.vpp
 
     @property
     def first(self) -> bool:
@@ -57,47 +52,57 @@ class InterleavedRank:
 
     @property
     def last(self) -> bool:
-        return self.rank == self.pp - 1
+        return self.rank == self.shape.pp - 1
+
+    @property
+    def warmup(self) -> tuple[int, bool]:
+        """(warm-up forwards, all forwards in warm-up) of ``get_pp_rank_microbatches``; combined
+        1F1B runs one more, so that each merged forward and backward are independent."""
+        shape = self.shape
+        warmup = (
+            (shape.pp - self.rank - 1) * 2 + (shape.vpp - 1) * shape.group_size + shape.combined
+        )
+        return (self.total, True) if warmup >= self.total else (warmup, False)
+
+    @property
+    def table(self) -> tuple[tuple[int, int], ...]:
+        shape = self.shape
+        return schedule_table(shape.num_microbatches, shape.vpp, shape.group_size)
 
     def chunk(self, virtual: int, forward: bool) -> int:
-        table = schedule_table(self.num_microbatches, self.vpp, self.group_size)
-        chunk = table[virtual % self.total][1]
-        return chunk if forward else self.vpp - 1 - chunk
+        chunk = self.table[virtual % self.total][1]
+        return chunk if forward else self.shape.vpp - 1 - chunk
 
     def receives(self, virtual: int, forward: bool) -> bool:
         """``recv_tensor_from_previous_stage``: does the next item of this direction arrive?"""
         leading = self.first if forward else self.last
         if not leading:
             return True
-        if virtual < self.pp - 1:  # the ending stage has produced nothing yet
+        if virtual < self.shape.pp - 1:  # the ending stage has produced nothing yet
             return False
-        chunk = self.chunk(virtual - (self.pp - 1), forward)
-        return chunk != (self.vpp - 1 if forward else 0)
+        chunk = self.chunk(virtual - (self.shape.pp - 1), forward)
+        return chunk != (self.shape.vpp - 1 if forward else 0)
 
     def forward(self, virtual: int) -> tuple[Compute, str | None]:
         """The forward and its send (the last stage's output goes to the loss)."""
         chunk = self.chunk(virtual, True)
-        sends = None if (self.last and chunk == self.vpp - 1) else Transfer.SEND_NEXT
-        table = schedule_table(self.num_microbatches, self.vpp, self.group_size)
-        return Compute(FORWARD, table[virtual][0], chunk), sends
+        sends = None if (self.last and chunk == self.shape.vpp - 1) else Transfer.SEND_NEXT
+        return Compute(FORWARD, self.table[virtual][0], chunk), sends
 
     def backward(self, virtual: int, merged: bool = False) -> tuple[Compute, str | None]:
         """The backward and its send; ``merged``: run in one step with the forward before it."""
         chunk = self.chunk(virtual, False)
         sends = None if (self.first and chunk == 0) else Transfer.SEND_PREV
-        table = schedule_table(self.num_microbatches, self.vpp, self.group_size)
-        return Compute(BACKWARD, table[virtual % self.total][0], chunk, merged), sends
+        return Compute(BACKWARD, self.table[virtual % self.total][0], chunk, merged), sends
 
 
-def interleaved_ops(
-    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int, combined: bool = False
-) -> list[Op]:
-    """``forward_backward_pipelining_with_interleaving`` (no p2p overlap) for one rank;
-    ``combined``: with ``overlap_moe_expert_parallel_comm`` (combined 1F1B)."""
-    at = InterleavedRank(pp, rank, vpp, num_microbatches, group_size)
-    total, first, last = at.total, at.first, at.last
+def interleaved_ops(shape: ScheduleShape, rank: int) -> list[Op]:
+    """``forward_backward_pipelining_with_interleaving`` (no p2p overlap) for one rank; with
+    ``overlap_moe_expert_parallel_comm`` where ``shape.combined`` (combined 1F1B)."""
+    at = InterleavedRank(shape, rank)
+    total, first, last, combined = at.total, at.first, at.last, shape.combined
     receives, forward, backward = at.receives, at.forward, at.backward
-    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size, combined)
+    warmup, all_warmup = at.warmup
     remaining = total - warmup
 
     ops: list[Op | None] = [p2p_call("recv_forward", None if first else Transfer.RECV_PREV)]

@@ -26,11 +26,11 @@ q = heads x kv_channels and kv = groups x kv_channels:
   logits) per micro-batch, plus what is alive beside it once while one depth's loss runs
   (:func:`loss_logit_bytes`, per ``--cross-entropy-loss-fusion`` and its implementation).
 
-The job's own flags (``search.memory_settings``) change these amounts as Megatron's code does:
-selective recompute and fine-grained offloading take out the tensors each module frees (one
-layer's recomputed tensors come back while its backward runs); full recompute keeps a 2h
-checkpoint input per group (``uniform``) or for a chunk's first layers (``block``); the optimizer
-state follows the precision-aware optimizer's dtypes, its CPU offload fraction and the
+The job's own flags (``ray_layout.model.memory_settings``) change these amounts as Megatron's
+code does: selective recompute and fine-grained offloading take out the tensors each module
+frees (one layer's recomputed tensors come back while its backward runs); full recompute keeps a
+2h checkpoint input per group (``uniform``) or for a chunk's first layers (``block``); the
+optimizer state follows the precision-aware optimizer's dtypes, its CPU offload fraction and the
 distributed optimizer's shards over DP (dense) and expert-DP (experts); ``--fp8-param-gather``
 stores decoder linear weights in one byte.
 
@@ -47,7 +47,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ray_layout.model.costs import UnitCosts, stage_units
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout
+from ray_layout.model.memory_settings import MemorySettings
 from ray_layout.model.sizing import (
     DECODER_UNITS,
     DENSE_DECODER,
@@ -59,8 +61,7 @@ from ray_layout.model.sizing import (
     stage_sizes,
     unit_sizes,
 )
-from ray_layout.model.spec import ModelSpec, ParallelConfig
-from search.memory_settings import MemorySettings
+from ray_layout.model.spec import ParallelConfig
 
 PLAIN = MemorySettings()  # no recompute, no offload, fp32 optimizer state on the GPU
 

@@ -12,31 +12,8 @@ non-blocking post of that transfer on the rank), as Megatron keeps one handle pe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from ray_layout.model.megatron_args import parse_flags
-from search.interleaved import InterleavedRank, interleaved_warmup
-from search.schedule import Op, P2PCall, Transfer, Wait, p2p_call
-
-
-def overlap_p2p_comm(args: Sequence[str], source: str = "megatron_args") -> bool:
-    """A job's ``overlap_p2p_comm`` from its flags: on (Megatron's default) unless
-    ``--no-overlap-p2p-communication``; Megatron turns it off itself without interleaving."""
-    return parse_flags(args, source, only={"overlap_p2p_comm"}).get("overlap_p2p_comm", True)
-
-
-# Flags that change the schedule in ways not simulated here: the plan says so once
-_UNSIMULATED = {
-    "overlap_p2p_comm_warmup_flush": "--overlap-p2p-communication-warmup-flush (the warm-up "
-    "and cool-down also post early; simulated as without it)",
-}
-
-
-def unsimulated(args: Sequence[str], source: str = "megatron_args") -> tuple[str, ...]:
-    """The job's flags whose schedule the simulator does not model, each with what it
-    simulates instead; the flags themselves stay on the job's runs."""
-    flags = parse_flags(args, source, only=_UNSIMULATED)
-    return tuple(note for dest, note in _UNSIMULATED.items() if flags.get(dest))
+from search.interleaved import InterleavedRank
+from search.pipeline_ops import Op, P2PCall, ScheduleShape, Transfer, Wait, p2p_call
 
 
 class _Handles:
@@ -72,15 +49,13 @@ class _Handles:
             self.ops.append(Wait(receive, self.receives[receive].pop(0)))
 
 
-def interleaved_overlap_ops(
-    pp: int, rank: int, vpp: int, num_microbatches: int, group_size: int, combined: bool = False
-) -> list[Op]:
-    """One rank's interleaved schedule with overlapped p2p, in Megatron's order.  ``combined``
-    (combined 1F1B): each steady step waits for both of its inputs first, runs its forward and
-    backward as one step, then posts both sends (the schedule plan's hooks)."""
-    at = InterleavedRank(pp, rank, vpp, num_microbatches, group_size)
-    total, first, last = at.total, at.first, at.last
-    warmup, all_warmup = interleaved_warmup(pp, rank, vpp, num_microbatches, group_size, combined)
+def interleaved_overlap_ops(shape: ScheduleShape, rank: int) -> list[Op]:
+    """One rank's interleaved schedule with overlapped p2p, in Megatron's order.  Combined 1F1B
+    (``shape.combined``): each steady step waits for both of its inputs first, runs its forward
+    and backward as one step, then posts both sends (the schedule plan's hooks)."""
+    at = InterleavedRank(shape, rank)
+    total, first, last, combined, vpp = at.total, at.first, at.last, shape.combined, shape.vpp
+    warmup, all_warmup = at.warmup
     remaining = total - warmup
     ops: list[Op] = [] if first else [P2PCall("recv_forward", (Transfer.RECV_PREV,))]
     handles = _Handles(ops)

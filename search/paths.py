@@ -64,7 +64,7 @@ def critical_path(
 
 def _walk_back(program: Program, end: np.ndarray, p2p: np.ndarray, rank: int) -> PathCut:
     """From the rank's last op back to time zero, through whichever dependency ended last."""
-    stages = program.num_stages
+    stages = program.shape.num_stages
     counts = np.zeros(2 * stages)
     constant = 0.0
     op = int(program.last_op[rank])
@@ -89,7 +89,7 @@ def _walk_back(program: Program, end: np.ndarray, p2p: np.ndarray, rank: int) ->
                 step_to = own if posted >= partner_posted else before
         constant += link_ms
         op = step_to
-    ends_on = (np.arange(stages) % program.pp == rank).astype(float)
+    ends_on = (np.arange(stages) % program.shape.pp == rank).astype(float)
     return PathCut(counts[:stages], counts[stages:], ends_on, constant)
 
 

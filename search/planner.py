@@ -19,21 +19,22 @@ import numpy as np
 from ray_layout.errors import ConfigError
 from ray_layout.model.baselines import BaselineName, count_based
 from ray_layout.model.costs import UnitCosts
+from ray_layout.model.fields import ModelSpec
+from ray_layout.model.job_flags import NO_EP_OVERLAP, EpOverlap
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import ModelSpec, ParallelConfig, Recipe
+from ray_layout.model.memory_settings import MemorySettings
+from ray_layout.model.spec import ParallelConfig, Recipe
 from ray_layout.model.split import (
     PipelineSplit,
     current_layout,
     default_layout,
     virtual_pipeline_size,
 )
-from search.combined import NO_EP_OVERLAP, EpOverlap, ep_overlap
 from search.cost_model import CostModel, build_cost_model
 from search.evaluate import hidden_ms, monte_carlo, stage_times, standard_normals, tail_ms
-from search.memory_settings import MemorySettings, memory_settings
-from search.overlap import overlap_p2p_comm
+from search.pipeline_ops import ONE_F_ONE_B, ScheduleShape
 from search.ranking import Candidate, PlanOptions, ShardResult, candidates_of, merge
-from search.schedule import ONE_F_ONE_B, Program, compile_schedule
+from search.schedule import Program, compile_schedule
 from search.shards import ENUMERATION, EXACT, ShardTask, run_shard
 from search.simulator import Event, simulate, timeline
 from search.space import LayoutSpace
@@ -60,7 +61,7 @@ def ideal_step_ms(cost_model: CostModel, space: LayoutSpace, program: Program) -
     """All compute spread evenly over the ranks with no bubble: the grid unit of ties."""
     whole = space.item_counts(cost_model.units, cost_model.moe_pattern).sum(axis=0)
     per_microbatch = (cost_model.forward_ms + cost_model.backward_ms) @ whole
-    return float(program.num_microbatches * per_microbatch / space.pp)
+    return float(program.shape.num_microbatches * per_microbatch / space.pp)
 
 
 def _layout_counts(
@@ -110,7 +111,7 @@ class Plan:
     ties: tuple[int, ...] = ()  # per candidate: layouts predicting exactly its step (itself too)
     bound_reason: str = ""  # exact search with a gap: which bound binds and why it stays open
     smallest_peak_gib: float = float("inf")  # lowest peak memory of any layout the search scored
-    schedule: str = ONE_F_ONE_B  # the pipeline schedule simulated (Program.schedule)
+    schedule: str = ONE_F_ONE_B  # the pipeline schedule simulated (ScheduleShape.name)
 
     def speedup(self, candidate: Candidate, baseline: BaselineName) -> float | None:
         """The baseline's mean step over the candidate's (None: no such baseline scored)."""
@@ -147,7 +148,7 @@ class Problem:
     options: PlanOptions
     split: PipelineSplit = field(default_factory=PipelineSplit)
     memory: MemorySettings = field(default_factory=MemorySettings)  # the job's memory flags
-    overlap_p2p: bool = False  # the job's overlap_p2p_comm: interleaved p2p posted, waited later
+    p2p_overlap: bool = False  # the job's overlap_p2p_comm: interleaved p2p posted, waited later
     ep_overlap: EpOverlap = NO_EP_OVERLAP  # the job's EP all-to-all overlap (combined 1F1B)
 
     @classmethod
@@ -156,8 +157,7 @@ class Problem:
     ) -> Problem:
         """A recipe's problem: its model, parallel sizes, split, memory and p2p flags, so no
         caller drops one."""
-        args = recipe.megatron_args
-        settings, overlap = memory_settings(args), overlap_p2p_comm(args)
+        flags = recipe.flags
         return cls(
             recipe.model,
             recipe.parallel,
@@ -165,22 +165,23 @@ class Problem:
             spec,
             options,
             recipe.split,
-            settings,
-            overlap,
-            ep_overlap(args),
+            flags.memory,
+            flags.p2p_overlap,
+            flags.ep_overlap,
         )
 
     def schedule(self, parallel: ParallelConfig) -> tuple[Program, CostModel]:
         """The job's compiled schedule and cost model at ``parallel``'s sizes (its PP and VPP)."""
         spec = self.spec
-        program = compile_schedule(
+        shape = ScheduleShape(
             parallel.pp,
             parallel.vpp,
             spec.num_microbatches,
             spec.group_size,
-            self.overlap_p2p,
+            self.p2p_overlap,
             self.ep_overlap.on,
         )
+        program = compile_schedule(shape)
         cost_model = build_cost_model(
             self.model,
             parallel,
@@ -247,7 +248,7 @@ def plan(
         ties=result.ties,
         bound_reason=result.bound_reason,
         smallest_peak_gib=result.smallest_peak_gib,
-        schedule=program.schedule,
+        schedule=program.shape.name,
     )
 
 
@@ -277,7 +278,7 @@ def simulate_given(layout: Layout, problem: Problem) -> LayoutSimulation:
     program, cost_model = _schedule_for(layout, problem)
     _, _, counts = _layout_counts(layout, cost_model)
     forward, backward = stage_times(cost_model, counts)
-    tail = tail_ms(cost_model, counts, program.pp)
+    tail = tail_ms(cost_model, counts, program.shape.pp)
     hidden = hidden_ms(program, cost_model, counts)
     times = simulate(
         program,

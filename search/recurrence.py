@@ -18,6 +18,7 @@ from functools import cache
 
 import numpy as np
 
+from search.pipeline_ops import ScheduleShape
 from search.schedule import Program, compile_schedule
 
 
@@ -36,16 +37,9 @@ class Instruction:
 
 
 @cache
-def instructions(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    group_size: int,
-    overlap_p2p: bool = False,
-    combined: bool = False,
-) -> tuple[tuple[Instruction, ...], tuple[int, ...]]:
+def instructions(shape: ScheduleShape) -> tuple[tuple[Instruction, ...], tuple[int, ...]]:
     """The program as instructions in dependency order, and the calls posted at time zero."""
-    program = compile_schedule(pp, vpp, num_microbatches, group_size, overlap_p2p, combined)
+    program = compile_schedule(shape)
     following = {int(prev): op for op, prev in enumerate(program.previous) if prev >= 0}
     posting = ~program.is_compute & (program.own == np.arange(len(program.own)))
     last_read: dict[int, int] = {}
@@ -91,18 +85,11 @@ def finish_times(
     ``durations``: the program's evaluation table (``Program.evaluation_table``); ``p2p_ms``:
     (PP,) or (PP, batch) per boundary; ``noise``: optional (compute ops, batch) multipliers.
     """
-    code, first_calls = instructions(
-        program.pp,
-        program.vpp,
-        program.num_microbatches,
-        program.group_size,
-        program.overlap_p2p,
-        program.combined,
-    )
+    code, first_calls = instructions(program.shape)
     zero = np.zeros(durations.shape[1])
-    links = list(np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1))
+    links = list(np.asarray(p2p_ms, dtype=float).reshape(program.shape.pp, -1))
     links = [float(link[0]) if len(link) == 1 else link for link in links]
-    clock = [zero] * program.pp
+    clock = [zero] * program.shape.pp
     posted = dict.fromkeys(first_calls, zero)
     for op in code:
         if op.call < 0:

@@ -2,11 +2,12 @@
 
 Two steps, so that the expensive one runs once:
 
-1. :func:`compile_schedule` turns (PP, VPP, micro-batches, group size) into a *program*: every
-   rank's forward/backward computations and batched p2p calls in the order Megatron issues them
-   (``schedules.py``, ``forward_backward_pipelining_without_interleaving`` and ``..._with_
-   interleaving`` with ``overlap_p2p_comm`` off; on, ``search.overlap``: calls that only post
-   their transfers, and waits), each send paired with the receive it meets
+1. :func:`compile_schedule` turns a :class:`~search.pipeline_ops.ScheduleShape` (PP, VPP,
+   micro-batches, group size, p2p overlap, combined 1F1B) into a *program*: every rank's
+   forward/backward computations and batched p2p calls in the order Megatron issues them
+   (:func:`rank_ops`: ``schedules.py``, ``forward_backward_pipelining_without_interleaving`` and
+   ``..._with_interleaving`` with ``overlap_p2p_comm`` off; on, ``search.overlap``: calls that
+   only post their transfers, and waits), each send paired with the receive it meets
    (NCCL matches the k-th send from a rank to a peer with the k-th receive posted there), and a
    topological order of all of it.  Nothing here depends on the layout.
 2. ``search.simulator`` (the plain simulator, with timelines) and ``search.recurrence`` (the
@@ -17,173 +18,46 @@ Two steps, so that the expensive one runs once:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 import numpy as np
 
-FORWARD, BACKWARD = "F", "B"
-ONE_F_ONE_B, INTERLEAVED, INTERLEAVED_OVERLAP_P2P = "1f1b", "interleaved", "interleaved-overlap-p2p"
-COMBINED_1F1B = "combined-1f1b"
+from search.combined import no_pipelining_ops
+from search.interleaved import interleaved_ops
+from search.overlap import interleaved_overlap_ops
+from search.pipeline_ops import (
+    BACKWARD,
+    FORWARD,
+    Compute,
+    Op,
+    P2PCall,
+    ScheduleShape,
+    Transfer,
+    Wait,
+    one_f_one_b_ops,
+)
 
 
-class Transfer(StrEnum):
-    """One direction of a p2p call's traffic, named as Megatron's ``_communicate`` arguments."""
-
-    SEND_NEXT = "send_next"
-    SEND_PREV = "send_prev"
-    RECV_PREV = "recv_prev"
-    RECV_NEXT = "recv_next"
-
-
-@dataclass(frozen=True)
-class Compute:
-    """A forward or backward of one micro-batch through one virtual chunk.  ``merged``: a
-    backward that runs as one step with the forward just before it on its rank (megatron-core's
-    combined 1F1B), each hiding its EP all-to-alls under the other's compute."""
-
-    kind: str  # FORWARD or BACKWARD
-    microbatch: int
-    chunk: int
-    merged: bool = False
+def rank_ops(shape: ScheduleShape) -> list[list[Op]]:
+    """Every rank's op list in Megatron's order: 1F1B, the interleaved schedule with blocking
+    or overlapped p2p, each with combined 1F1B's merged steps where ``shape.combined``."""
+    if shape.combined and shape.pp == 1:
+        return [no_pipelining_ops(shape.num_microbatches)]
+    if shape.vpp == 1:
+        ops_of = one_f_one_b_ops
+    else:
+        ops_of = interleaved_overlap_ops if shape.p2p_overlap else interleaved_ops
+    return [ops_of(shape, rank) for rank in range(shape.pp)]
 
 
-@dataclass(frozen=True)
-class P2PCall:
-    """One p2p call of a rank; ``transfers`` lists its sends and receives.  A blocking call
-    returns when they are done; with ``overlap_p2p_comm`` a call may only post them, and a
-    :class:`Wait` later waits for each."""
-
-    name: str  # Megatron's function, e.g. send_forward_recv_backward
-    transfers: tuple[str, ...]
-    blocking: bool = True
-
-
-@dataclass(frozen=True)
-class Wait:
-    """A rank waits for a transfer it posted: the ``post``-th non-blocking one of its kind."""
-
-    transfer: str
-    post: int
-
-
-Op = Compute | P2PCall | Wait
-
-
-def _check_sizes(pp: int, vpp: int, num_microbatches: int, group_size: int) -> None:
-    """megatron-core's own rules of the interleaved schedule (``forward_backward_pipelining_
-    with_interleaving``), checked before any op is built, with its reasons."""
-    if pp < 1 or vpp < 1 or num_microbatches < 1:
-        raise ValueError(f"PP, VPP and micro-batches must be >= 1 ({pp=}, {vpp=})")
-    if vpp == 1:
-        return
-    if pp < 2:
-        raise ValueError("the interleaved schedule needs PP > 1")
-    if num_microbatches < pp:
-        raise ValueError(f"interleaving needs micro-batches ({num_microbatches}) >= PP ({pp})")
-    if not pp <= group_size <= num_microbatches:
-        raise ValueError(
-            f"the micro-batch group of the interleaved schedule ({group_size}, "
-            f"--microbatch-group-size-per-virtual-pipeline-stage) must lie in "
-            f"[PP={pp}, micro-batches={num_microbatches}]"
-        )
-    remainder = num_microbatches % group_size
-    if 0 < remainder < pp:
-        raise ValueError(
-            f"{num_microbatches} micro-batches in groups of {group_size} leave {remainder}, "
-            f"fewer than PP={pp}: Megatron requires the remainder to be 0 or >= PP (a smaller "
-            "last group stalls the pipeline); give a multiple of the group size"
-        )
-
-
-def p2p_call(name: str, *transfers: str | None) -> P2PCall | None:
-    """Megatron's p2p call ``name`` moving ``transfers`` (None: a direction it leaves out); no
-    op where it moves nothing, since such a call takes no time in the simulation."""
-    kept = tuple(t for t in transfers if t)
-    return P2PCall(name, kept) if kept else None
-
-
-def one_f_one_b_ops(pp: int, rank: int, num_microbatches: int) -> list[Op]:
-    """``forward_backward_pipelining_without_interleaving`` for one rank."""
-    first, last = rank == 0, rank == pp - 1
-    warmup = min(pp - rank - 1, num_microbatches)
-    remaining = num_microbatches - warmup
-    ops: list[Op | None] = []
-    for i in range(warmup):
-        ops += [
-            p2p_call("recv_forward", None if first else Transfer.RECV_PREV),
-            Compute(FORWARD, i, 0),
-            p2p_call("send_forward", None if last else Transfer.SEND_NEXT),
-        ]
-    if remaining:
-        ops.append(p2p_call("recv_forward", None if first else Transfer.RECV_PREV))
-    for i in range(remaining):
-        ops += [
-            Compute(FORWARD, warmup + i, 0),
-            p2p_call(
-                "send_forward_recv_backward",
-                *(() if last else (Transfer.SEND_NEXT, Transfer.RECV_NEXT)),
-            ),
-            Compute(BACKWARD, i, 0),
-        ]
-        if i == remaining - 1:
-            ops.append(p2p_call("send_backward", None if first else Transfer.SEND_PREV))
-        else:
-            ops.append(
-                p2p_call(
-                    "send_backward_recv_forward",
-                    *(() if first else (Transfer.SEND_PREV, Transfer.RECV_PREV)),
-                )
-            )
-    for i in range(warmup):
-        ops += [
-            p2p_call("recv_backward", None if last else Transfer.RECV_NEXT),
-            Compute(BACKWARD, remaining + i, 0),
-            p2p_call("send_backward", None if first else Transfer.SEND_PREV),
-        ]
-    return [op for op in ops if op is not None]
-
-
-def rank_ops(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    group_size: int | None = None,
-    overlap_p2p: bool = False,
-    combined: bool = False,
-):
-    """Every rank's op list in Megatron's order; ``overlap_p2p`` (``overlap_p2p_comm``) applies
-    to the interleaved schedule only, as in Megatron (1F1B always blocks); ``combined``
-    (``overlap_moe_expert_parallel_comm``) merges each steady forward with its backward."""
-    from search.combined import NEEDS_VPP, no_pipelining_ops  # all build on this vocabulary
-    from search.interleaved import interleaved_ops
-    from search.overlap import interleaved_overlap_ops
-
-    group_size = group_size or pp
-    _check_sizes(pp, vpp, num_microbatches, group_size)
-    if combined and pp == 1:
-        return [no_pipelining_ops(num_microbatches)]
-    if combined and vpp == 1:
-        raise ValueError(NEEDS_VPP)
-    if vpp == 1:
-        return [one_f_one_b_ops(pp, rank, num_microbatches) for rank in range(pp)]
-    ops_of = interleaved_overlap_ops if overlap_p2p else interleaved_ops
-    return [ops_of(pp, rank, vpp, num_microbatches, group_size, combined) for rank in range(pp)]
-
-
-def compute_order(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    group_size: int | None = None,
-    combined: bool = False,
-):
+def compute_order(shape: ScheduleShape) -> list[list[Compute]]:
     """Per rank, the forward/backward computations alone, in order (the same in both p2p
-    modes; combined 1F1B runs one more forward in the warm-up)."""
+    modes, so taken from the blocking one; combined 1F1B runs one more forward in the
+    warm-up)."""
     return [
         [op for op in ops if isinstance(op, Compute)]
-        for ops in rank_ops(pp, vpp, num_microbatches, group_size, combined=combined)
+        for ops in rank_ops(replace(shape, p2p_overlap=False))
     ]
 
 
@@ -206,12 +80,7 @@ class Wave:
 class Program:
     """A schedule compiled for evaluation: op arrays grouped in dependency waves."""
 
-    pp: int
-    vpp: int
-    num_microbatches: int
-    group_size: int  # micro-batches per group of the interleaved schedule (PP by default)
-    overlap_p2p: bool  # the interleaved schedule's p2p calls post early and are waited later
-    combined: bool  # combined 1F1B: steady forwards and backwards merged (EP all-to-all overlap)
+    shape: ScheduleShape  # what it was compiled from
     order: tuple[int, ...]  # op ids in an order where every dependency comes first
     rank: np.ndarray  # op id -> PP rank
     previous: np.ndarray  # op id -> previous op on the same rank, -1 for the first
@@ -227,36 +96,22 @@ class Program:
     ops: tuple[Op, ...] = field(repr=False)
 
     @property
-    def num_stages(self) -> int:
-        return self.pp * self.vpp
-
-    @property
-    def schedule(self) -> str:
-        """The schedule's name in reports and ``plan --json``."""
-        if self.combined:
-            return COMBINED_1F1B
-        if self.vpp == 1:
-            return ONE_F_ONE_B
-        return INTERLEAVED_OVERLAP_P2P if self.overlap_p2p else INTERLEAVED
-
-    @property
     def num_compute(self) -> int:
         return int(self.is_compute.sum())
 
     @property
     def pair_backward_slot(self) -> np.ndarray:
         """(PP x VPP x VPP,) the backward slot of each merged pair's row."""
-        rank, _, chunk = np.meshgrid(
-            np.arange(self.pp), np.arange(self.vpp), np.arange(self.vpp), indexing="ij"
-        )
-        return (self.num_stages + chunk * self.pp + rank).ravel()
+        pp, vpp = self.shape.pp, self.shape.vpp
+        rank, _, chunk = np.meshgrid(np.arange(pp), np.arange(vpp), np.arange(vpp), indexing="ij")
+        return (self.shape.num_stages + chunk * pp + rank).ravel()
 
     def evaluation_table(self, forward_ms, backward_ms, hidden_ms=None) -> np.ndarray:
         """(rows, batch) durations the op's ``evaluation_slot`` indexes: forwards, backwards,
         and for combined 1F1B each merged pair's backward less ``hidden_ms`` (PP x VPP x VPP,
         batch; None: nothing hidden)."""
         table = np.concatenate([forward_ms, backward_ms])
-        if not self.combined:
+        if not self.shape.combined:
             return table
         merged = table[self.pair_backward_slot]
         if hidden_ms is not None:
@@ -319,24 +174,50 @@ _PARTNER = {
     Transfer.SEND_PREV: Transfer.RECV_NEXT,
     Transfer.RECV_NEXT: Transfer.SEND_PREV,
 }
+Pairs = tuple[tuple[int, int], ...]  # a call's transfers: (partner call, boundary rank) each
 
 
 @cache
-def compile_schedule(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    group_size: int | None = None,
-    overlap_p2p: bool = False,
-    combined: bool = False,
-) -> Program:
-    """Pair every transfer with its partner call and order all ops so dependencies come first.
-    A non-blocking call takes no time; each :class:`Wait` carries its post's transfer.
+def compile_schedule(shape: ScheduleShape) -> Program:
+    """The ops of :func:`rank_ops` as a program, in steps: all ranks' ops in one list
+    (:func:`_flatten`); every transfer paired with its partner call (:func:`_pair_transfers`);
+    each non-blocking post's transfers carried by the waits for them, as a post takes no time
+    (:func:`_post_at_waits`); all ops ordered so that dependencies come first
+    (:func:`_dependency_order`); each computation's rows of the evaluation table
+    (:func:`_slots`); and the ops grouped in dependency waves (:func:`_waves`).
 
     Raises ``RuntimeError`` if the calls deadlock, which would mean the op lists are wrong.
     """
-    overlap_p2p = overlap_p2p and vpp > 1
-    per_rank = rank_ops(pp, vpp, num_microbatches, group_size, overlap_p2p, combined)
+    ops, rank_of, ids = _flatten(rank_ops(shape))
+    queues = _call_queues(ops, rank_of)
+    transfers, own = _post_at_waits(
+        ops, rank_of, queues, _pair_transfers(ops, rank_of, queues, shape.pp)
+    )
+    order = _dependency_order(ids, rank_of, transfers)
+    slots, evaluation = _slots(ops, rank_of, shape)
+    previous = np.array(
+        [rank_ids[i - 1] if i else -1 for rank_ids in ids for i in range(len(rank_ids))]
+    )
+    is_compute = np.array([isinstance(op, Compute) for op in ops])
+    return Program(
+        shape=shape,
+        order=tuple(order),
+        rank=np.array(rank_of),
+        previous=previous,
+        is_compute=is_compute,
+        compute_slot=slots,
+        evaluation_slot=evaluation,
+        transfers=tuple(transfers),
+        own=own,
+        last_op=np.array([rank_ids[-1] for rank_ids in ids]),
+        waves=_waves(order, previous, transfers, own, is_compute, evaluation, shape.pp),
+        ops=tuple(ops),
+    )
+
+
+def _flatten(per_rank: list[list[Op]]) -> tuple[list[Op], list[int], list[list[int]]]:
+    """Every rank's ops in one list, numbered in rank order: the ops, each op's rank, and each
+    rank's op ids."""
     ops: list[Op] = []
     rank_of: list[int] = []
     ids: list[list[int]] = []
@@ -344,57 +225,87 @@ def compile_schedule(
         ids.append(list(range(len(ops), len(ops) + len(rank_list))))
         ops += rank_list
         rank_of += [rank] * len(rank_list)
+    return ops, rank_of, ids
 
-    def op_of(op_id: int) -> P2PCall:
-        call = ops[op_id]
-        assert isinstance(call, P2PCall)
-        return call
 
-    # FIFO queues per (rank, transfer kind) to pair the k-th send with the k-th receive.
+def _call(ops: Sequence[Op], op_id: int) -> P2PCall:
+    call = ops[op_id]
+    assert isinstance(call, P2PCall)
+    return call
+
+
+def _call_queues(ops: Sequence[Op], rank_of: Sequence[int]) -> dict[tuple[int, str], list[int]]:
+    """The calls of each (rank, transfer kind) in order: NCCL pairs the k-th send from a rank
+    to a peer with the k-th receive posted there."""
     queues: dict[tuple[int, str], list[int]] = {}
     for op_id, op in enumerate(ops):
         if isinstance(op, P2PCall):
             for transfer in op.transfers:
                 queues.setdefault((rank_of[op_id], transfer), []).append(op_id)
-    transfers: list[tuple[tuple[int, int], ...]] = [()] * len(ops)
+    return queues
+
+
+def _pair_transfers(
+    ops: Sequence[Op], rank_of: Sequence[int], queues: dict[tuple[int, str], list[int]], pp: int
+) -> list[Pairs]:
+    """Per op, each transfer of a call with the partner call it meets and the boundary it
+    crosses (rank r: r -> r + 1, the last wrapping to rank 0); nothing for a computation."""
+    transfers: list[Pairs] = [()] * len(ops)
     for op_id, op in enumerate(ops):
         if not isinstance(op, P2PCall):
             continue
         rank = rank_of[op_id]
         paired = []
         for transfer in op.transfers:
-            peer = (
-                (rank + 1) % pp
-                if transfer in (Transfer.SEND_NEXT, Transfer.RECV_NEXT)
-                else (rank - 1) % pp
-            )
+            downstream = transfer in (Transfer.SEND_NEXT, Transfer.RECV_NEXT)
+            peer = (rank + 1) % pp if downstream else (rank - 1) % pp
             mine = queues[(rank, transfer)].index(op_id)
             theirs = queues.get((peer, _PARTNER[transfer]), [])
             if mine >= len(theirs):
                 raise RuntimeError(f"rank {rank} {transfer} #{mine} has no partner on rank {peer}")
-            link = (
-                rank if transfer in (Transfer.SEND_NEXT, Transfer.RECV_NEXT) else peer
-            )  # boundary peer->peer+1
-            paired.append((theirs[mine], link))
+            paired.append((theirs[mine], rank if downstream else peer))
         transfers[op_id] = tuple(paired)
+    return transfers
+
+
+def _post_at_waits(
+    ops: Sequence[Op],
+    rank_of: Sequence[int],
+    queues: dict[tuple[int, str], list[int]],
+    paired: Sequence[Pairs],
+) -> tuple[list[Pairs], np.ndarray]:
+    """Each :class:`Wait` with its post's transfer, and a post with none: a post takes no time,
+    its transfers end at its waits.  Also per op, the call that posts its transfers (itself,
+    or a wait's post)."""
+    transfers = list(paired)
     own = np.arange(len(ops))
-    posted = {key: [i for i in ids if op_of(i).blocking is False] for key, ids in queues.items()}
+    posted = {
+        key: [i for i in calls if _call(ops, i).blocking is False] for key, calls in queues.items()
+    }
     for op_id, op in enumerate(ops):
         if isinstance(op, Wait):
             post = posted[(rank_of[op_id], op.transfer)][op.post]
             own[op_id] = post
-            transfers[op_id] = (transfers[post][op_of(post).transfers.index(op.transfer)],)
-    for key_ids in posted.values():  # a post takes no time: its transfers end at its waits
-        for post in key_ids:
+            transfers[op_id] = (transfers[post][_call(ops, post).transfers.index(op.transfer)],)
+    for posts in posted.values():
+        for post in posts:
             transfers[post] = ()
+    return transfers, own
+
+
+def _dependency_order(
+    ids: Sequence[Sequence[int]], rank_of: Sequence[int], transfers: Sequence[Pairs]
+) -> list[int]:
+    """All ops in an order where each comes after its rank's previous op and after its partner
+    calls have been posted, each rank running as far as it can in turn."""
     position = {op_id: index for rank_ids in ids for index, op_id in enumerate(rank_ids)}
-    pointer = [0] * pp
+    pointer = [0] * len(ids)
     order: list[int] = []
-    while len(order) < len(ops):
+    while len(order) < len(position):
         progressed = False
-        for rank in range(pp):
-            while pointer[rank] < len(ids[rank]):
-                op_id = ids[rank][pointer[rank]]
+        for rank, rank_ids in enumerate(ids):
+            while pointer[rank] < len(rank_ids):
+                op_id = rank_ids[pointer[rank]]
                 partners_posted = all(
                     pointer[rank_of[partner]] >= position[partner]
                     for partner, _ in transfers[op_id]
@@ -406,7 +317,15 @@ def compile_schedule(
                 progressed = True
         if not progressed:
             raise RuntimeError("the p2p calls deadlock; the schedule's op lists are inconsistent")
-    stages = pp * vpp
+    return order
+
+
+def _slots(
+    ops: Sequence[Op], rank_of: Sequence[int], shape: ScheduleShape
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per op, its compute slot (chunk*PP + rank, + stages for a backward) and its row of the
+    evaluation table (the slot, or a merged backward's pair row); -1 for a call."""
+    pp, vpp, stages = shape.pp, shape.vpp, shape.num_stages
     slots = np.full(len(ops), -1)
     evaluation = np.full(len(ops), -1)
     for op_id, op in enumerate(ops):
@@ -418,26 +337,4 @@ def compile_schedule(
                 assert isinstance(forward, Compute) and forward.kind == FORWARD
                 pair = (rank_of[op_id] * vpp + forward.chunk) * vpp + op.chunk
                 evaluation[op_id] = 2 * stages + pair
-    previous = np.array(
-        [rank_ids[i - 1] if i else -1 for rank_ids in ids for i in range(len(rank_ids))]
-    )
-    is_compute = np.array([isinstance(op, Compute) for op in ops])
-    return Program(
-        pp=pp,
-        vpp=vpp,
-        num_microbatches=num_microbatches,
-        group_size=group_size or pp,
-        overlap_p2p=overlap_p2p,
-        combined=combined,
-        order=tuple(order),
-        rank=np.array(rank_of),
-        previous=previous,
-        is_compute=is_compute,
-        compute_slot=slots,
-        evaluation_slot=evaluation,
-        transfers=tuple(transfers),
-        own=own,
-        last_op=np.array([rank_ids[-1] for rank_ids in ids]),
-        waves=_waves(order, previous, transfers, own, is_compute, evaluation, pp),
-        ops=tuple(ops),
-    )
+    return slots, evaluation

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search.schedule import Compute, Program, Wait
+from search.pipeline_ops import Compute, Wait
+from search.schedule import Program
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,9 @@ def simulate(
     backward_ms = np.atleast_2d(np.asarray(backward_ms, dtype=float))
     batch = forward_ms.shape[1]
     durations = program.evaluation_table(forward_ms, backward_ms, hidden_ms)  # slot -> duration
-    links = np.zeros((program.pp + 1, batch))  # the extra row is the free padding link
+    links = np.zeros((program.shape.pp + 1, batch))  # the extra row is the free padding link
     links[:-1] = np.broadcast_to(
-        np.asarray(p2p_ms, dtype=float).reshape(program.pp, -1), (program.pp, batch)
+        np.asarray(p2p_ms, dtype=float).reshape(program.shape.pp, -1), (program.shape.pp, batch)
     )
     count = len(program.ops)
     end = np.zeros((count + 1, batch))  # row -1 stays zero: "posted at time 0"
@@ -90,13 +91,15 @@ def simulate(
             if start is not None:
                 start[wave.calls] = posted
     compute_rank = program.rank[program.is_compute]
-    busy = np.zeros((program.pp, batch))
+    busy = np.zeros((program.shape.pp, batch))
     np.add.at(busy, compute_rank, compute_time)
     finish = end[program.last_op]
     tail = (
         np.zeros_like(finish)
         if tail_ms is None
-        else np.broadcast_to(np.asarray(tail_ms, dtype=float).reshape(program.pp, -1), finish.shape)
+        else np.broadcast_to(
+            np.asarray(tail_ms, dtype=float).reshape(program.shape.pp, -1), finish.shape
+        )
     )
     step = (finish + tail).max(axis=0)
     return StepTimes(
@@ -127,7 +130,7 @@ def timeline(program: Program, times: StepTimes, column: int = 0) -> list[Event]
     events = []
     for op_id, op in enumerate(program.ops):
         if isinstance(op, Compute):
-            label = f"{op.kind}{op.microbatch}" + (f".{op.chunk}" if program.vpp > 1 else "")
+            label = f"{op.kind}{op.microbatch}" + (f".{op.chunk}" if program.shape.vpp > 1 else "")
         elif isinstance(op, Wait):
             label = f"wait_{op.transfer}"
         else:

@@ -20,6 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from ray_layout.errors import LayoutError
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import (
     DECODER,
     EMBEDDING,
@@ -29,7 +30,7 @@ from ray_layout.model.layout import (
     first_mtp_stage,
     format_stages,
 )
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """When no layout fits: which of the memory flags real jobs use would make which layout fit.
 
-"Try recompute" is no answer a user can act on; re-planning under each setting is.  Each
-what-if adds one set of flags to the job's own (``search.memory_settings``), plans again under
+"Try recompute" is no answer a user can act on; re-planning under each setting is. Each what-if
+adds one set of flags to the job's own (``ray_layout.model.memory_settings``), plans again under
 the same HBM limit and reports the pick and its largest stage, or the smallest peak still left.
 The steps go from what costs the least step time (selective recompute of the cheap modules, a
 bf16 optimizer state) to what costs the most (full recompute of every layer).
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import ModelSpec
-from search.memory_settings import MemorySettings
+from ray_layout.model.memory_settings import MemorySettings
 from search.planner import Problem, plan
 
 WHAT_IF_TIME_S = 2.0  # per re-plan: an answer in seconds beats a proven optimum here

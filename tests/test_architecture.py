@@ -3,6 +3,7 @@ the layers below it (or itself). Read from the source with ``ast``, so an import
 function counts as much as one at the top of a module.
 
     ray_layout.errors      the exception hierarchy every layer raises
+    ray_layout.options     settings fields that carry their flag, and the checks of their values
     ray_layout.shell       a bash launch script read as bash would run it
     ray_layout.model       model spec, loaders, sizing, the layout language, baselines, unit costs
     search                 the layout space, the schedule simulator, memory, the planner
@@ -28,6 +29,7 @@ PACKAGES = ("ray_layout", "search", "launchers")
 
 LAYERS = (
     "ray_layout.errors",
+    "ray_layout.options",
     "ray_layout.shell",
     "ray_layout.model",
     "search",
@@ -45,6 +47,7 @@ LAYERS = (
 # must run and be tested without it.
 RAY_FREE = (
     "ray_layout.errors",
+    "ray_layout.options",
     "ray_layout.shell",
     "ray_layout.model",
     "search",
@@ -213,3 +216,61 @@ def test_the_backend_imports_its_adaptations_only_inside_the_rank_program():
         names = {getattr(node, "module", None) for node in top}
         names |= {alias.name for node in top for alias in node.names}
         assert CPU_ADAPTATIONS not in names, f"{name} imports the adaptations at module level"
+
+
+def _circles() -> list[list[str]]:
+    """The product's import circles (strongly connected groups of modules, any import counted:
+    inside functions and under ``TYPE_CHECKING`` too), each sorted."""
+    graph = {m: {n for n in _imports(p, m) if n in MODULES and n != m} for m, p in MODULES.items()}
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for imported in sorted(graph[module]):
+            if imported not in order:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], order[imported])
+        if low[module] == order[module]:
+            group = []
+            while (member := stack.pop()) != module:
+                group.append(member)
+            if group:
+                circles.append(sorted([module, *group]))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_anywhere():
+    assert _circles() == []
+
+
+# The job's Megatron flags are parsed once, into Recipe.flags (docs/design.md): above the
+# loaders nothing reads them as words again.
+FLAG_READERS = {
+    f"ray_layout.model.megatron_args.{name}"
+    for name in (
+        "parse_flags",
+        "walk_flags",
+        "check_arguments",
+        "typed_value",
+        "megatron_flag_table",
+    )
+} | {"ray_layout.model.job_flags.job_flags", "ray_layout.model.memory_settings.memory_settings"}
+NO_RAW_FLAGS = ("search", "ray_layout.tuning", "ray_layout.commands")
+
+
+@pytest.mark.parametrize(
+    "module", sorted(m for m in MODULES if any(m.startswith(p + ".") for p in NO_RAW_FLAGS))
+)
+def test_no_module_above_the_loaders_reads_megatron_flags_as_words(module):
+    readers = sorted(_imports(MODULES[module], module) & FLAG_READERS)
+    assert not readers, f"{module} parses Megatron flags itself: {readers}; use Recipe.flags"

@@ -15,13 +15,15 @@ from typing import Any
 from launchers.megatron import ARGUMENTS_SOURCE
 from ray_layout.errors import ConfigError
 from ray_layout.model.baselines import megatron_default
+from ray_layout.model.fields import ModelSpec
+from ray_layout.model.job_flags import EpOverlap
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.megatron_args import check_arguments, megatron_flag_table, parse_flags
 from ray_layout.model.megatron_recipe import load_megatron_command_line
-from ray_layout.model.spec import ModelSpec, ParallelConfig, with_parallel
-from search.combined import EpOverlap, ep_overlap, rule_violations
-from search.memory_settings import MemorySettings, memory_settings
-from search.overlap import overlap_p2p_comm
+from ray_layout.model.memory_settings import MemorySettings
+from ray_layout.model.spec import ParallelConfig, with_parallel
+from search.combined import rule_violations
+from search.pipeline_ops import ScheduleShape
 
 # Megatron accepts at most one of these and a layout string
 _VIRTUAL_STAGE_DESTS = {
@@ -39,7 +41,7 @@ class RunConfig:
     layout: Layout
     num_microbatches: int
     group_size: int  # --microbatch-group-size-per-virtual-pipeline-stage, PP by default
-    overlap_p2p: bool  # interleaved p2p overlapped: Megatron's default, off by its flag or VPP 1
+    p2p_overlap: bool  # interleaved p2p overlapped: Megatron's default, off by its flag or VPP 1
     ep_overlap: EpOverlap  # EP all-to-all overlap: combined 1F1B's merged steps
     memory: MemorySettings  # recompute, optimizer dtypes, offload: what the rank's peak follows
     train_iters: int
@@ -51,6 +53,18 @@ class RunConfig:
     learning_rate: float
     seed: int
     timeout_minutes: float
+
+    @property
+    def schedule_shape(self) -> ScheduleShape:
+        """The pipeline schedule this job's ranks run."""
+        return ScheduleShape(
+            self.parallel.pp,
+            self.layout.vpp,
+            self.num_microbatches,
+            self.group_size,
+            self.p2p_overlap,
+            self.ep_overlap.on,
+        )
 
     @property
     def global_batch_size(self) -> int:
@@ -114,14 +128,14 @@ def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
             f"{ARGUMENTS_SOURCE}: the last micro-batch group ({num_microbatches % group_size}) is "
             f"smaller than PP ({parallel.pp})"
         )
-    overlap = ep_overlap(argv, ARGUMENTS_SOURCE)
+    job = recipe.flags
     violations = rule_violations(
-        overlap,
+        job.ep_overlap,
         pp=parallel.pp,
         vpp=layout.vpp,
         ep=parallel.ep,
         mtp_num_layers=model.mtp_num_layers,
-        recompute_granularity=memory_settings(recipe.megatron_args).recompute_granularity,
+        recompute_granularity=job.memory.recompute_granularity,
     )
     if violations:
         raise ConfigError(f"{ARGUMENTS_SOURCE}: {violations[0]}")
@@ -131,9 +145,9 @@ def run_config(argv: Sequence[str], world_size: int) -> RunConfig:
         layout=layout,
         num_microbatches=num_microbatches,
         group_size=group_size,
-        overlap_p2p=layout.vpp > 1 and overlap_p2p_comm(argv, ARGUMENTS_SOURCE),
-        ep_overlap=overlap,
-        memory=memory_settings(recipe.megatron_args),
+        p2p_overlap=layout.vpp > 1 and job.p2p_overlap,
+        ep_overlap=job.ep_overlap,
+        memory=job.memory,
         train_iters=train_iters,
         log_interval=flag("--log-interval"),
         timing_log_level=flag("--timing-log-level"),

@@ -19,8 +19,8 @@ from ray_layout.measure.log_format import (
     timers_minmax,
 )
 from ray_layout.measure.log_records import LEVEL1_TIMERS, LEVEL2_TIMERS
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.sizing import training_flops_per_iteration
-from ray_layout.model.spec import ModelSpec
 from search.memory import StageMemory
 
 # training_log's timers_to_log order: forward-backward, compute, the level-2 p2p timers, then

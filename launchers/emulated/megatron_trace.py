@@ -24,7 +24,16 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
-from search.schedule import BACKWARD, FORWARD, Compute, Op, P2PCall, Transfer, Wait
+from search.pipeline_ops import (
+    BACKWARD,
+    FORWARD,
+    Compute,
+    Op,
+    P2PCall,
+    ScheduleShape,
+    Transfer,
+    Wait,
+)
 
 
 class _Recorder:
@@ -37,14 +46,14 @@ class _Recorder:
         self.ops: list[Op] = []
         self.posted: dict[str, int] = {}
 
-    def _communicate(self, name: str, transfers: dict[str, bool], overlap: bool = False):
+    def _communicate(self, name: str, transfers: dict[str, bool], p2p_overlap: bool = False):
         kept = tuple(transfer for transfer, on in transfers.items() if on)
-        self.ops.append(P2PCall(name, kept, blocking=not overlap))
+        self.ops.append(P2PCall(name, kept, blocking=not p2p_overlap))
         received = [
             ("received", t) if transfers.get(t) else None
             for t in (Transfer.RECV_PREV, Transfer.RECV_NEXT)
         ]
-        if not overlap:
+        if not p2p_overlap:
             return received
         handles = {}
         for transfer in kept:
@@ -173,19 +182,12 @@ def _stubbed(schedules: Any, recorder: _Recorder) -> Iterator[None]:
         yield
 
 
-def traced_program(
-    pp: int,
-    rank: int,
-    vpp: int,
-    num_microbatches: int,
-    group_size: int,
-    overlap_p2p: bool,
-    ep_overlap: bool = False,
-) -> list[Op]:
+def traced_program(shape: ScheduleShape, rank: int) -> list[Op]:
     """Rank ``rank``'s computations, p2p calls and waits as megatron-core's interleaved schedule
-    (VPP > 1) issues them, with ``overlap_p2p_comm`` as given (``batch_p2p_comm`` its opposite,
-    as Megatron-LM's arguments set it) and ``overlap_moe_expert_parallel_comm`` as
-    ``ep_overlap``."""
+    (VPP > 1) issues them, with ``overlap_p2p_comm`` as ``shape.p2p_overlap`` (``batch_p2p_comm``
+    its opposite, as Megatron-LM's arguments set it) and ``overlap_moe_expert_parallel_comm`` as
+    ``shape.combined``."""
+    pp, vpp = shape.pp, shape.vpp
     with warnings.catch_warnings():  # "Transformer Engine and Apex are not installed"
         warnings.simplefilter("ignore")
         import torch
@@ -199,13 +201,13 @@ def traced_program(
             num_attention_heads=1,
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp,
-            overlap_p2p_comm=overlap_p2p,
-            batch_p2p_comm=not overlap_p2p,
-            microbatch_group_size_per_vp_stage=group_size,
+            overlap_p2p_comm=shape.p2p_overlap,
+            batch_p2p_comm=not shape.p2p_overlap,
+            microbatch_group_size_per_vp_stage=shape.group_size,
             pipeline_dtype=torch.float32,
         )
     # set after construction: its checks want an EP > 1 MoE model, which the trace never builds
-    config.overlap_moe_expert_parallel_comm = ep_overlap
+    config.overlap_moe_expert_parallel_comm = shape.combined
     chunks = []
     for _ in range(vpp):
         chunk = torch.nn.Module()
@@ -220,7 +222,7 @@ def traced_program(
             forward_step_func=None,
             data_iterator=[None] * vpp,
             model=chunks,
-            num_microbatches=num_microbatches,
+            num_microbatches=shape.num_microbatches,
             seq_length=1,
             micro_batch_size=1,
             p2p_communicator=recorder,

@@ -40,7 +40,7 @@ from launchers.emulated.log_lines import (
 from launchers.emulated.rank_costs import RankCosts, rank_costs
 from launchers.emulated.rank_order import pipeline_programs
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
-from search.schedule import BACKWARD, FORWARD, Compute, Op, P2PCall, Transfer, Wait
+from search.pipeline_ops import BACKWARD, FORWARD, Compute, Op, P2PCall, Transfer, Wait
 
 # _batched_p2p_ops posts in this order; tags keep the two directions of a link apart (with
 # PP = 2 and interleaving, the next and the previous rank are the same process).
@@ -106,16 +106,7 @@ class EmulatedRank:
         )
         shared: list[Any] = [None]
         if self.rank == 0:
-            shared = [
-                pipeline_programs(
-                    p.pp,
-                    p.vpp,
-                    config.num_microbatches,
-                    config.group_size,
-                    config.overlap_p2p,
-                    config.ep_overlap.on,
-                )
-            ]
+            shared = [pipeline_programs(config.schedule_shape)]
         dist.broadcast_object_list(shared, src=0)
         programs = shared[0]
         self.program = programs[self.pp_rank]

@@ -19,7 +19,7 @@ from ray_layout.model.layout import MTP
 from ray_layout.model.sizing import stage_sizes
 from search.cost_model import build_cost_model
 from search.memory import StageMemory, stage_memory
-from search.schedule import Op
+from search.pipeline_ops import Op
 from search.space import LayoutSpace
 
 RESERVED_SLACK = 1.05  # the caching allocator reserves a little more than it hands out
@@ -54,14 +54,7 @@ def rank_costs(
     stage = stage_sizes(config.model, config.parallel, layout.stages)[pp_rank]
     gparams = stage.gpu_gigaparams
     if programs is None:
-        programs = pipeline_programs(
-            pp,
-            layout.vpp,
-            config.num_microbatches,
-            config.group_size,
-            config.overlap_p2p,
-            config.ep_overlap.on,
-        )
+        programs = pipeline_programs(config.schedule_shape)
     held = [held_at_peak(program, layout.vpp) for program in programs]
     memory = stage_memory(config.model, config.parallel, layout, costs, held, config.memory)[
         pp_rank

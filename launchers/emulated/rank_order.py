@@ -3,7 +3,7 @@
 How many forwards warm up and which (micro-batch, chunk) comes k-th are megatron-core's
 (``get_pp_rank_microbatches``, ``get_schedule_table``); the p2p calls follow
 ``forward_backward_pipelining_without_interleaving`` and ``..._with_interleaving`` with
-``overlap_p2p_comm`` off.  The ops are written in the vocabulary of ``search.schedule``
+``overlap_p2p_comm`` off.  The ops are written in the vocabulary of ``search.pipeline_ops``
 (:class:`Compute`, :class:`P2PCall` and the transfer names) so that a test can hold the
 emulator's order against the simulator's, an implementation of its own; nothing else of the
 simulator is used here.  With ``overlap_p2p_comm`` on, the interleaved order is traced from
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 from launchers.emulated.megatron_trace import traced_no_pipelining, traced_program
-from search.schedule import BACKWARD, FORWARD, Compute, Op, P2PCall, Transfer
+from search.pipeline_ops import BACKWARD, FORWARD, Compute, Op, P2PCall, ScheduleShape, Transfer
 
 
 def _call(
@@ -38,10 +38,9 @@ def _call(
     return P2PCall(name, tuple(transfer for transfer, on in wanted if on))
 
 
-def rank_program(
-    pp: int, pp_rank: int, vpp: int, num_microbatches: int, group_size: int
-) -> list[Op]:
-    """One rank's computations and p2p calls in the order Megatron issues them.
+def rank_program(shape: ScheduleShape, pp_rank: int) -> list[Op]:
+    """One rank's computations and p2p calls in the order Megatron issues them, with blocking
+    p2p and no merged steps (``shape``'s p2p overlap and combined 1F1B left aside).
 
     How many forwards warm up, and which (micro-batch, chunk) the k-th forward is, come from
     megatron-core's ``get_pp_rank_microbatches`` and ``get_schedule_table``; a backward runs
@@ -52,6 +51,8 @@ def rank_program(
         warnings.simplefilter("ignore")
         from megatron.core.pipeline_parallel import schedules
 
+    pp, vpp, num_microbatches = shape.pp, shape.vpp, shape.num_microbatches
+    group_size = shape.group_size
     communicator = SimpleNamespace(
         pp_group=SimpleNamespace(size=lambda: pp, rank=lambda: pp_rank),
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
@@ -168,27 +169,17 @@ def _interleaved(
     return ops
 
 
-def pipeline_programs(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    group_size: int,
-    overlap_p2p: bool = False,
-    ep_overlap: bool = False,
-) -> tuple[list[Op], ...]:
+def pipeline_programs(shape: ScheduleShape) -> tuple[list[Op], ...]:
     """Every PP rank's program in PP rank order: :func:`rank_program`, or with overlapped p2p
     (interleaving only) or EP all-to-all overlap (combined 1F1B) megatron-core's schedule
     itself, traced (``megatron_trace``).  One process computes them for the whole job:
     importing megatron-core takes seconds of CPU, which every rank of a job on one machine
     would otherwise pay at once."""
-    if ep_overlap and pp == 1:
-        return (traced_no_pipelining(num_microbatches),)
-    if (overlap_p2p or ep_overlap) and vpp > 1:
-        return tuple(
-            traced_program(pp, rank, vpp, num_microbatches, group_size, overlap_p2p, ep_overlap)
-            for rank in range(pp)
-        )
-    return tuple(rank_program(pp, rank, vpp, num_microbatches, group_size) for rank in range(pp))
+    if shape.combined and shape.pp == 1:
+        return (traced_no_pipelining(shape.num_microbatches),)
+    if (shape.p2p_overlap or shape.combined) and shape.vpp > 1:
+        return tuple(traced_program(shape, rank) for rank in range(shape.pp))
+    return tuple(rank_program(shape, rank) for rank in range(shape.pp))
 
 
 def held_at_peak(program: Sequence[Op], vpp: int) -> dict[int, int]:

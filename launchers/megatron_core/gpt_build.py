@@ -15,9 +15,9 @@ from typing import Any
 
 from launchers.emulated.config import RunConfig
 from ray_layout.errors import ConfigError
+from ray_layout.model.fields import ModelSpec
+from ray_layout.model.job_flags import JobFlags
 from ray_layout.model.layout import MTP, Layout, build_problem
-from ray_layout.model.spec import ModelSpec
-from search.combined import ep_overlap
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ def transformer_config(run: RunConfig, settings: CoreSettings) -> Any:
         expert_tensor_parallel_size=p.etp,
         sequence_parallel=p.tp > 1,
         pipeline_model_parallel_layout=str(layout),
-        overlap_p2p_comm=run.overlap_p2p,
-        batch_p2p_comm=not run.overlap_p2p,
+        overlap_p2p_comm=run.p2p_overlap,
+        batch_p2p_comm=not run.p2p_overlap,
         microbatch_group_size_per_vp_stage=run.group_size if layout.vpp > 1 else None,
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,
@@ -211,7 +211,7 @@ NO_EP_OVERLAP_ON_CPU = (
 )
 
 
-def check_runs_on_cpu(megatron_args: Sequence[str], source: str) -> None:
+def check_runs_on_cpu(flags: JobFlags) -> None:
     """Refuse, before any run, a job whose schedule megatron-core cannot run on CPU ranks."""
-    if ep_overlap(megatron_args, source).on:
+    if flags.ep_overlap.on:
         raise ConfigError(NO_EP_OVERLAP_ON_CPU)

@@ -3,7 +3,7 @@
 With ``RAY_LAYOUT_CORE_TRACE`` set to a folder, each rank records every forward (with its
 virtual chunk), every backward and every p2p call (its sends and receives, named as
 ``_communicate``'s arguments) and writes them to ``rank<N>.json`` there when training ends.
-:func:`program_signature` puts a program of the emulator's (``search.schedule`` ops) in the
+:func:`program_signature` puts a program of the emulator's (``search.pipeline_ops`` ops) in the
 same terms: a backward's chunk is not recorded here (megatron-core's ``backward_step`` is not
 told it), and an overlapped call's waits are left out of both.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from search.schedule import BACKWARD, FORWARD, Compute, P2PCall
+from search.pipeline_ops import BACKWARD, FORWARD, Compute, P2PCall
 
 TRACE_ENV = "RAY_LAYOUT_CORE_TRACE"
 

@@ -22,6 +22,7 @@ from launchers.megatron_core.gpt_build import (
     embedding_group,
 )
 from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, InputError
+from ray_layout.model.job_flags import job_flags
 from ray_layout.model.megatron_args import megatron_flag_table, parse_flags
 
 # The CPU backend trains in fp32 with a plain (non-distributed) optimizer and no clipping:
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         world_size, rank = env_int("WORLD_SIZE"), env_int("RANK")
         if rank >= world_size:
             raise ConfigError(f"RANK {rank} is not below WORLD_SIZE {world_size}")
-        check_runs_on_cpu(argv, ARGUMENTS_SOURCE)
+        check_runs_on_cpu(job_flags(argv, ARGUMENTS_SOURCE))
         run = run_config(argv, world_size)
         settings = core_settings(argv)
         check_buildable(run.layout, tied_embeddings=run.model.tied_embeddings)

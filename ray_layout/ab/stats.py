@@ -55,6 +55,8 @@ import numpy as np
 from scipy import special
 
 from ray_layout.errors import ConfigError
+from ray_layout.options.checks import MAX_ITERATIONS, between, comma_integers, each
+from ray_layout.options.flag_fields import check_options, option
 from ray_layout.runtime.failures import FailureClass
 
 # A failed arm's stop reason by its run's failure class (NAN: the live shell's own).
@@ -77,41 +79,71 @@ def is_whole_number(value: object) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
+AB_TEST = "A/B test"  # the help's section of the A/B test's flags
+
+
 @dataclass(frozen=True)
 class ABConfig:
-    """How an A/B test looks at its arms and when it stops one."""
+    """How an A/B test looks at its arms and when it stops one; the tune command's ``--ab-*``
+    flags are its fields."""
 
-    warmup_iterations: int = 3  # dropped from the start of every arm's trace
-    batch_size: int = 5  # iterations per batch mean
-    looks: tuple[int, ...] = (3, 6, 12, 24)  # batches at each look; the last is the budget
-    alpha: float = 0.05  # family-wise rate of stopping an arm that is not worse
-    margin: float = 0.02  # stop only when more than (1 + margin) x the best's mean
+    warmup_iterations: int = option(  # dropped from the start of every arm's trace
+        3, names=["--ab-warmup"], group=AB_TEST, checks=[between(0, MAX_ITERATIONS)]
+    )
+    batch_size: int = option(
+        5,
+        names=["--ab-batch"],
+        help="iterations per batch mean",
+        group=AB_TEST,
+        checks=[between(1, MAX_ITERATIONS)],
+    )
+    looks: tuple[int, ...] = option(
+        (3, 6, 12, 24),
+        names=["--ab-looks"],
+        help="batches at each look, e.g. 3,6,12,24 (the last is the budget)",
+        group=AB_TEST,
+        parse=comma_integers("3,6,12,24"),
+        checks=[each(between(1, MAX_ITERATIONS))],
+    )
+    alpha: float = option(  # family-wise rate of stopping an arm that is not worse
+        0.05, names=["--ab-alpha"], group=AB_TEST
+    )
+    margin: float = option(  # stop only when more than (1 + margin) x the best's mean
+        0.02, names=["--ab-margin"], group=AB_TEST
+    )
     blowup: float = 3.0  # stop at once when the median step is over blowup x the best's median
 
     def __post_init__(self) -> None:
-        if not is_whole_number(self.warmup_iterations) or self.warmup_iterations < 0:
+        if not is_whole_number(self.warmup_iterations):
             raise ConfigError(
-                f"warmup_iterations must be an integer >= 0, got {self.warmup_iterations!r}"
+                f"warmup_iterations must be an integer, got {self.warmup_iterations!r}"
             )
-        if not is_whole_number(self.batch_size) or self.batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}")
+        if not is_whole_number(self.batch_size):
+            raise ConfigError(f"batch_size must be an integer, got {self.batch_size!r}")
         try:
             looks = tuple(self.looks)
         except TypeError:
             raise ConfigError(f"looks must be a sequence of integers, got {self.looks!r}") from None
         if not looks or not all(is_whole_number(k) for k in looks):
             raise ConfigError(f"looks must be a non-empty sequence of integers, got {self.looks!r}")
+        object.__setattr__(self, "looks", tuple(int(k) for k in looks))
+        check_options(self)  # the flags' bounds, named as the command line spells them
         if looks[0] < 2:
             raise ConfigError(f"every look needs at least 2 batches for a variance, got {looks!r}")
         if any(b <= a for a, b in itertools.pairwise(looks)):
             raise ConfigError(f"looks must be strictly increasing, got {looks!r}")
-        object.__setattr__(self, "looks", tuple(int(k) for k in looks))
         if not (isinstance(self.alpha, int | float) and 0.0 < self.alpha < 1.0):
             raise ConfigError(f"alpha must lie strictly between 0 and 1, got {self.alpha!r}")
         if not (isinstance(self.margin, int | float) and 0.0 <= self.margin < math.inf):
             raise ConfigError(f"margin must be a finite number >= 0, got {self.margin!r}")
         if not (isinstance(self.blowup, int | float) and 1.0 < self.blowup < math.inf):
             raise ConfigError(f"blowup must be a finite number > 1, got {self.blowup!r}")
+        if self.max_iterations > MAX_ITERATIONS:
+            raise ConfigError(
+                f"--ab-warmup {self.warmup_iterations} + --ab-batch {self.batch_size} x "
+                f"{self.looks[-1]} batches (--ab-looks) = {self.max_iterations:,} iterations per "
+                f"arm, more than {MAX_ITERATIONS:,}"
+            )
 
     @property
     def max_iterations(self) -> int:

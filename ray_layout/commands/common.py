@@ -15,12 +15,14 @@ from typing import Any, Generic, TypeVar
 
 from rich.console import Console
 
-from ray_layout.commands.checks import between
-from ray_layout.commands.flags import Settings, add_flags, argument, from_args, option
+from ray_layout.commands.flags import Settings, add_flags, from_args
 from ray_layout.errors import EXIT_BAD_INPUT, RayLayoutError
+from ray_layout.model.fields import MAX_DIMENSION, MAX_PARALLEL_SIZE
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.megatron_recipe import Overrides
-from ray_layout.model.spec import MAX_DIMENSION, MAX_PARALLEL_SIZE, Recipe
+from ray_layout.model.spec import Recipe
+from ray_layout.options.checks import between
+from ray_layout.options.flag_fields import argument, option
 
 CONFIG_HELP = "model config: project YAML/JSON, HF config.json, Megatron launch script or run log"
 PARALLEL = "parallel sizes (override the config's)"

@@ -1,73 +1,27 @@
-"""Settings as typed frozen dataclasses, and the command line built from them.
+"""The command line built from settings dataclasses, and the base class of every command's.
 
 A command's settings class lists its flags as fields (torchtitan's ``JobConfig`` is the model):
 the field's type gives argparse's type (``bool``: a switch, ``Literal``: choices, ``tuple``: a
-repeated flag), its default the flag's default, and :func:`option`/:func:`argument` the help,
-the spelling and the checks the value must pass. A field whose type is itself a settings class
-adds that class's flags (the parallel sizes, the search). :func:`add_flags` builds the parser;
-:func:`from_args` builds the settings, and constructing settings checks every value, so a
-command only ever sees settings that are valid.
+repeated flag), its default the flag's default, and its metadata
+(:func:`ray_layout.options.flag_fields.option`) the help, the spelling and the checks the value
+must pass. A field whose type is itself a dataclass adds that class's flags (the parallel sizes,
+the A/B test's, the run policy's), wherever that class is defined; a field without the metadata
+is no flag. :func:`add_flags` builds the
+parser; :func:`from_args` builds the settings, and constructing settings checks every value, so
+a command only ever sees settings that are valid.
 """
 
 from __future__ import annotations
 
 import argparse
 import types
-from collections.abc import Callable, Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from ray_layout.commands.checks import Check
 from ray_layout.errors import ConfigError
+from ray_layout.options.flag_fields import check_options, flag_name, flag_spec, spellings
 
-_FLAG = "flag"
-S = TypeVar("S", bound="Settings")
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """How one settings field appears on the command line."""
-
-    help: str | None = None
-    names: tuple[str, ...] = ()  # default: --field-name
-    positional: bool = False
-    metavar: str | None = None
-    group: str | None = None  # an argparse argument group's title
-    checks: tuple[Check, ...] = ()
-    parse: Callable[[str], Any] | None = None  # text -> value; a ValueError names the problem
-
-
-def option(
-    default: Any = MISSING,
-    *,
-    help: str | None = None,
-    names: Sequence[str] = (),
-    metavar: str | None = None,
-    group: str | None = None,
-    checks: Sequence[Check] = (),
-    parse: Callable[[str], Any] | None = None,
-) -> Any:
-    """A ``--flag`` field; without a default the flag is required."""
-    spec = FlagSpec(help, tuple(names), False, metavar, group, tuple(checks), parse)
-    return field(default=default, metadata={_FLAG: spec})
-
-
-def argument(*, help: str, checks: Sequence[Check] = (), default: Any = MISSING) -> Any:
-    """A positional field; with a default it may be left out."""
-    spec = FlagSpec(help, positional=True, checks=tuple(checks))
-    return field(default=default, metadata={_FLAG: spec})
-
-
-def _spellings(item: Field) -> tuple[str, ...]:
-    spec: FlagSpec = item.metadata[_FLAG]
-    if spec.positional:
-        return (item.name,)
-    return spec.names or ("--" + item.name.replace("_", "-"),)
-
-
-def _flag_name(item: Field) -> str:
-    """How messages name a field: its first spelling on the command line."""
-    return _spellings(item)[0]
+S = TypeVar("S")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,14 +29,7 @@ class Settings:
     """Base of every command's settings: constructing one checks each field's value."""
 
     def __post_init__(self) -> None:
-        for item in fields(self):
-            value = getattr(self, item.name)
-            spec = item.metadata.get(_FLAG)
-            if spec is None or value is None:
-                continue
-            for check in spec.checks:
-                if (problem := check(value)) is not None:
-                    raise ConfigError(f"{_flag_name(item)} {problem}")
+        check_options(self)
 
 
 def _unwrapped(kind: Any) -> Any:
@@ -93,7 +40,7 @@ def _unwrapped(kind: Any) -> Any:
 
 
 def _argparse_options(item: Field, kind: Any) -> dict[str, Any]:
-    spec: FlagSpec = item.metadata[_FLAG]
+    spec = flag_spec(item)
     options: dict[str, Any] = {"help": spec.help}
     if spec.metavar:
         options["metavar"] = spec.metavar
@@ -118,18 +65,29 @@ def _argparse_options(item: Field, kind: Any) -> dict[str, Any]:
     return options
 
 
-def add_flags(parser: argparse.ArgumentParser, kind: type[Settings]) -> None:
-    """Add a flag (or positional) to ``parser`` for every field of ``kind``, sections included."""
+def _dest(item: Field) -> str:
+    """Where argparse keeps a flag's value: the name argparse itself would pick (the first long
+    spelling; a positional's name), so the help's metavar reads as the flag whatever the field is
+    called."""
+    spelled = next((name for name in spellings(item) if name.startswith("--")), flag_name(item))
+    return spelled.lstrip("-").replace("-", "_")
+
+
+def add_flags(parser: argparse.ArgumentParser, kind: type) -> None:
+    """Add a flag (or positional) to ``parser`` for every flag field of the dataclass ``kind``,
+    sections included."""
     groups: dict[str, Any] = {}  # title -> argparse's argument group
 
-    def add(kind: type[Settings]) -> None:
+    def add(kind: type) -> None:
         hints = get_type_hints(kind)
         for item in fields(kind):
             field_type = _unwrapped(hints[item.name])
             if is_dataclass(field_type):
                 add(field_type)
                 continue
-            spec: FlagSpec = item.metadata[_FLAG]
+            spec = flag_spec(item)
+            if spec is None:
+                continue
             target: Any = parser
             if spec.group is not None:
                 if spec.group not in groups:
@@ -137,14 +95,15 @@ def add_flags(parser: argparse.ArgumentParser, kind: type[Settings]) -> None:
                 target = groups[spec.group]
             options = _argparse_options(item, field_type)
             if not spec.positional:
-                options["dest"] = item.name
-            target.add_argument(*_spellings(item), **options)
+                options["dest"] = _dest(item)
+            target.add_argument(*spellings(item), **options)
 
     add(kind)
 
 
 def from_args(kind: type[S], args: argparse.Namespace) -> S:
-    """The settings ``args`` describe, every value checked (``ConfigError`` names the flag)."""
+    """The settings ``args`` describe, every value checked (``ConfigError`` names the flag); a
+    field that is no flag keeps its default."""
     hints = get_type_hints(kind)
     values: dict[str, Any] = {}
     for item in fields(kind):
@@ -152,15 +111,17 @@ def from_args(kind: type[S], args: argparse.Namespace) -> S:
         if is_dataclass(field_type):
             values[item.name] = from_args(field_type, args)
             continue
-        value = getattr(args, item.name)
-        spec: FlagSpec = item.metadata[_FLAG]
+        spec = flag_spec(item)
+        if spec is None:
+            continue
+        value = getattr(args, _dest(item))
         if value is None and item.default is not MISSING:
             value = item.default
         elif spec.parse is not None and isinstance(value, str):
             try:
                 value = spec.parse(value)
             except ValueError as exc:
-                raise ConfigError(f"{_flag_name(item)} {exc}") from None
+                raise ConfigError(f"{flag_name(item)} {exc}") from None
         elif isinstance(value, list):
             value = tuple(value)
         values[item.name] = value

@@ -8,12 +8,11 @@ from typing import Any
 
 from rich.console import Console
 
-from ray_layout.commands.checks import MAX_LISTED, between
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
-from ray_layout.commands.flags import option
 from ray_layout.model.layout import check_interleaving
 from ray_layout.model.spec import check_pipeline_stages
-from search.overlap import overlap_p2p_comm
+from ray_layout.options.checks import MAX_LISTED, between
+from ray_layout.options.flag_fields import option
 from search.space import LayoutSpace
 
 
@@ -32,7 +31,7 @@ class LayoutsSettings(ModelSettings):
 def run_layouts(settings: LayoutsSettings, console: Console) -> None:
     recipe = settings.recipe()
     model, pp, vpp = recipe.model, recipe.parallel.pp, recipe.parallel.vpp
-    check_interleaving(pp, vpp, overlap_p2p_comm=overlap_p2p_comm(recipe.megatron_args))
+    check_interleaving(pp, vpp, overlap_p2p_comm=recipe.flags.p2p_overlap)
     check_pipeline_stages(pp, vpp, source="--pp, --vpp")
     space = LayoutSpace.of(
         model,

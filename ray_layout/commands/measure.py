@@ -11,18 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ray_layout.commands.checks import (
-    MAX_ITERATIONS,
-    MAX_PROFILE_RUNS,
-    at_least,
-    between,
-    costs_file,
-    folder_or_new,
-    new_file,
-    plain_name,
-)
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
-from ray_layout.commands.flags import option
 from ray_layout.commands.searching import (
     check_search_size,
     hbm_flag,
@@ -45,8 +34,19 @@ from ray_layout.measure.ingest import (
 from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_from_flops, save_costs
-from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
-from search.memory_settings import memory_settings
+from ray_layout.model.fields import MAX_PARALLEL_SIZE
+from ray_layout.model.spec import Recipe
+from ray_layout.options.checks import (
+    MAX_ITERATIONS,
+    MAX_PROFILE_RUNS,
+    at_least,
+    between,
+    costs_file,
+    folder_or_new,
+    new_file,
+    plain_name,
+)
+from ray_layout.options.flag_fields import option
 
 RUN_METAVAR = "LAYOUT=PATH"
 STORE_CHECKS = [folder_or_new]
@@ -216,7 +216,7 @@ def run_fit(settings: FitSettings, console: Console) -> None:
         gpus_per_node=settings.gpus_per_node,
         accept_residuals=settings.accept_residuals,
         explicit=frozenset(settings.parallel.sizes_given()),
-        memory=memory_settings(recipe.megatron_args),
+        memory=recipe.flags.memory,
     )
     save_costs(result.costs, settings.output)
     if settings.store:

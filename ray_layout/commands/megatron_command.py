@@ -16,11 +16,11 @@ from typing import Any
 from rich.console import Console
 
 from launchers.megatron import MegatronRunSettings, environment_notes, megatron_arguments
-from ray_layout.commands.checks import between
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
-from ray_layout.commands.flags import option
+from ray_layout.model.fields import MAX_PARALLEL_SIZE
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import MAX_PARALLEL_SIZE
+from ray_layout.options.checks import between
+from ray_layout.options.flag_fields import option
 from ray_layout.runtime.layout_runs import rank_env_of
 from ray_layout.runtime.placement import launch_env, planned_devices
 

@@ -11,9 +11,7 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.table import Table
 
-from ray_layout.commands.checks import MAX_TASKS, at_least, between, comma_integers, each, reachable
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
-from ray_layout.commands.flags import option
 from ray_layout.commands.searching import (
     SearchFlags,
     candidate_row,
@@ -27,13 +25,15 @@ from ray_layout.commands.tuned_script import comment_line, write_script_flag, wr
 from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.baselines import BaselineName
 from ray_layout.model.costs import UnitCosts
+from ray_layout.model.fields import MAX_PARALLEL_SIZE
+from ray_layout.model.job_flags import NO_EP_OVERLAP
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe, check_pipeline_stages
+from ray_layout.model.spec import Recipe, check_pipeline_stages
+from ray_layout.options.checks import MAX_TASKS, at_least, between, comma_integers, each, reachable
+from ray_layout.options.flag_fields import option
 from ray_layout.runtime.sharding import ray_map_shards
-from search.combined import NO_EP_OVERLAP
-from search.overlap import unsimulated
+from search.pipeline_ops import COMBINED_1F1B, INTERLEAVED, INTERLEAVED_OVERLAP_P2P
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan, score_given
-from search.schedule import COMBINED_1F1B, INTERLEAVED, INTERLEAVED_OVERLAP_P2P
 from search.what_if import what_ifs
 
 
@@ -94,7 +94,7 @@ def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any
         "vpp": recipe.parallel.vpp,
         "micro_batches": spec.num_microbatches,
         "schedule": result.schedule,
-        "schedule_notes": list(unsimulated(recipe.megatron_args)),
+        "schedule_notes": list(recipe.flags.unsimulated),
         "method": result.method,
         "valid_layouts": result.valid_layouts,
         "space_size": result.space_size,
@@ -372,8 +372,8 @@ def _compare_schedules(problem: Problem, report: dict[str, Any]) -> list[dict[st
     if problem.parallel.vpp == 1:
         raise ConfigError("--compare-schedules needs VPP > 1: 1F1B has no p2p overlap")
     variants = {
-        INTERLEAVED: replace(problem, overlap_p2p=False, ep_overlap=NO_EP_OVERLAP),
-        INTERLEAVED_OVERLAP_P2P: replace(problem, overlap_p2p=True, ep_overlap=NO_EP_OVERLAP),
+        INTERLEAVED: replace(problem, p2p_overlap=False, ep_overlap=NO_EP_OVERLAP),
+        INTERLEAVED_OVERLAP_P2P: replace(problem, p2p_overlap=True, ep_overlap=NO_EP_OVERLAP),
     }
     if problem.ep_overlap.on:  # with the job's own p2p mode
         variants[COMBINED_1F1B] = problem

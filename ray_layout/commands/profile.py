@@ -3,33 +3,32 @@ cost store. Ray is imported only when this command runs, so the other commands s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 
 from launchers.emulated.hardware import BUNDLED_PROFILE, load_profile
-from ray_layout.commands.checks import (
-    MAX_ITERATIONS,
-    at_least,
-    between,
-    finite,
-    folder_or_new,
-    plain_name,
-    positive,
-    reachable,
-)
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
-from ray_layout.commands.flags import Settings, option
+from ray_layout.commands.flags import Settings
 from ray_layout.commands.searching import check_search_size, tflops_flag
 from ray_layout.errors import ConfigError, RunFailure
 from ray_layout.measure.design import profile_design
 from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_from_flops
+from ray_layout.model.fields import MAX_PARALLEL_SIZE
 from ray_layout.model.layout import Layout, validate_buildable
-from ray_layout.model.spec import MAX_PARALLEL_SIZE
+from ray_layout.options.checks import (
+    MAX_ITERATIONS,
+    at_least,
+    between,
+    folder_or_new,
+    plain_name,
+    reachable,
+)
+from ray_layout.options.flag_fields import option
 from ray_layout.runtime.policy import RunPolicy
 
 if TYPE_CHECKING:
@@ -37,8 +36,6 @@ if TYPE_CHECKING:
 
 SCRIPT = "pretrain_gpt.py"  # what the megatron backend runs from the checkout
 EMULATED_NODES = 3  # the embedded local cluster's nodes when no --ray-address is given
-RUNS = "runs"  # the help's section of the run policy's flags
-_POLICY = RunPolicy()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,35 +89,6 @@ def log_dir_flag() -> Any:
     )
 
 
-def seconds_flag(default: float, help: str | None = None, group: str | None = None) -> Any:
-    return option(default, help=help, group=group, checks=[positive, finite])
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunPolicyFlags(Settings):
-    """Each run's :class:`RunPolicy` from flags; every default is the policy's own, so the
-    profile and tune commands and code that builds a policy directly run alike."""
-
-    timeout_s: float = seconds_flag(
-        _POLICY.timeout_s, "one attempt of a run, start-up included", RUNS
-    )
-    heartbeat_s: float = seconds_flag(
-        _POLICY.heartbeat_s, "longest wait for an iteration line, counted from launch", RUNS
-    )
-    max_retries: int = option(
-        _POLICY.max_retries,
-        help="attempts after a node-lost, killed, comm, hang or timeout failure",
-        group=RUNS,
-        checks=[at_least(0)],
-    )
-    placement_timeout_s: float = seconds_flag(
-        _POLICY.placement_timeout_s, "longest wait for a run's GPUs", RUNS
-    )
-
-    def policy(self) -> RunPolicy:
-        return RunPolicy(**asdict(self))
-
-
 @dataclass(frozen=True, kw_only=True)
 class ProfileSettings(ModelSettings):
     layout: tuple[str, ...] = option((), help="default: what profile-layouts picks")
@@ -136,7 +104,7 @@ class ProfileSettings(ModelSettings):
         8, checks=[at_least(MIN_PROFILE_ITERATIONS, FIT_NEEDS), between(1, MAX_ITERATIONS)]
     )
     tflops: float = tflops_flag()
-    runs: RunPolicyFlags = field(default_factory=RunPolicyFlags)
+    policy: RunPolicy = field(default_factory=RunPolicy)
     as_json: bool = json_flag()
 
 
@@ -167,7 +135,7 @@ def run_profile(settings: ProfileSettings, console: Console) -> None:
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,
         settings=MegatronRunSettings(train_iters=settings.train_iters, profiling=True),
-        policy=settings.runs.policy(),
+        policy=settings.policy,
     )
     address, per_node = settings.ray_address, settings.gpus_per_node
     with connected(address, EMULATED_NODES, per_node) as (gpus_per_node, _):

@@ -8,19 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ray_layout.commands.checks import (
-    MAX_LAYER_PLACEMENTS,
-    MAX_MICROBATCHES,
-    MAX_SAMPLED_PASSES,
-    MAX_SAMPLES,
-    MAX_SCHEDULE_SLOTS,
-    at_least,
-    between,
-    costs_file,
-    finite,
-    positive,
-)
-from ray_layout.commands.flags import Settings, option
+from ray_layout.commands.flags import Settings
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import (
     FLOPS_TFLOPS,
@@ -34,11 +22,22 @@ from ray_layout.model.dialects import deepspeed_moe
 from ray_layout.model.layout import check_interleaving
 from ray_layout.model.sizing import DECODER_UNITS
 from ray_layout.model.spec import Recipe
-from search.combined import ep_overlap, rule_violations
-from search.memory_settings import memory_settings
-from search.overlap import overlap_p2p_comm
+from ray_layout.options.checks import (
+    MAX_LAYER_PLACEMENTS,
+    MAX_MICROBATCHES,
+    MAX_SAMPLED_PASSES,
+    MAX_SAMPLES,
+    MAX_SCHEDULE_SLOTS,
+    at_least,
+    between,
+    costs_file,
+    finite,
+    positive,
+)
+from ray_layout.options.flag_fields import option
+from search.combined import rule_violations
+from search.pipeline_ops import ScheduleShape
 from search.planner import Candidate, PlanOptions, SearchSpec
-from search.schedule import compile_schedule
 
 MICROBATCHES_HELP = "micro-batches per step (default: global / (micro-batch x DP))"
 
@@ -164,20 +163,20 @@ def microbatch_count(recipe: Recipe, given: int | None, group_size: int | None =
             f"forward passes per step, more than the {MAX_SCHEDULE_SLOTS:,} a search simulates; "
             "give fewer micro-batches"
         )
-    args = recipe.megatron_args
-    check_interleaving(parallel.pp, parallel.vpp, overlap_p2p_comm=overlap_p2p_comm(args))
+    flags = recipe.flags
+    check_interleaving(parallel.pp, parallel.vpp, overlap_p2p_comm=flags.p2p_overlap)
     violations = rule_violations(
-        ep_overlap(args),
+        flags.ep_overlap,
         pp=parallel.pp,
         vpp=parallel.vpp,
         ep=parallel.ep,
         mtp_num_layers=recipe.model.mtp_num_layers,
-        recompute_granularity=memory_settings(args).recompute_granularity,
+        recompute_granularity=flags.memory.recompute_granularity,
     )
     if violations:
         raise ConfigError("; ".join(violations))
     try:
-        compile_schedule(parallel.pp, parallel.vpp, microbatches, group_size)
+        ScheduleShape(parallel.pp, parallel.vpp, microbatches, group_size)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return microbatches

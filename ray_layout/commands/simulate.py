@@ -9,10 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ray_layout.commands.checks import new_file
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.config_layout import config_layout
-from ray_layout.commands.flags import argument, option
 from ray_layout.commands.searching import (
     SearchFlags,
     candidate_row,
@@ -23,6 +21,8 @@ from ray_layout.commands.searching import (
 from ray_layout.commands.validate import LAYOUT_HELP
 from ray_layout.errors import ConfigError
 from ray_layout.model.layout import Layout, validate_buildable
+from ray_layout.options.checks import new_file
+from ray_layout.options.flag_fields import argument, option
 from ray_layout.report.plots import draw_timeline
 from search.planner import Problem, simulate_given
 

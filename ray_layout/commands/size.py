@@ -10,8 +10,8 @@ from rich.table import Table
 
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.config_layout import NOTE, config_layout
-from ray_layout.commands.flags import option
 from ray_layout.model.layout import Layout, validate_buildable
+from ray_layout.model.memory_settings import MemorySettings
 from ray_layout.model.sizing import (
     DECODER,
     GIB,
@@ -21,8 +21,8 @@ from ray_layout.model.sizing import (
     unit_sizes,
 )
 from ray_layout.model.spec import ParallelConfig, Recipe
+from ray_layout.options.flag_fields import option
 from search.memory import static_bytes
-from search.memory_settings import MemorySettings, memory_settings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +49,7 @@ def size_report(recipe: Recipe, layout: Layout, layout_source: str) -> dict[str,
     counts = parameter_count(model)
     units = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
     reference = units.get(DECODER) or units.get("t_moe")
-    flags = memory_settings(recipe.megatron_args)  # the job's optimizer dtypes and offload
+    flags = recipe.flags.memory  # the job's optimizer dtypes and offload
     return {
         "model": model.name,
         "parallel": asdict(parallel),

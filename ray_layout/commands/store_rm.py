@@ -8,10 +8,11 @@ from typing import Any
 
 from rich.console import Console
 
-from ray_layout.commands.checks import plain_name
 from ray_layout.commands.common import Command, emit, json_flag
-from ray_layout.commands.flags import Settings, argument, option
+from ray_layout.commands.flags import Settings
 from ray_layout.measure.store import CostStore
+from ray_layout.options.checks import plain_name
+from ray_layout.options.flag_fields import argument, option
 
 ACTIONS = ("rm",)
 

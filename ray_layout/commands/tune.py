@@ -12,26 +12,13 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 from rich.console import Console
 
 from launchers.megatron_core.gpt_build import check_runs_on_cpu
-from ray_layout.ab.stats import ABConfig
-from ray_layout.commands.checks import (
-    MAX_ITERATIONS,
-    MAX_SAMPLES,
-    MAX_TASKS,
-    at_least,
-    between,
-    comma_integers,
-    each,
-    folder_or_new,
-    plain_name,
-    reachable,
-)
 from ray_layout.commands.common import (
     Command,
     ModelSettings,
@@ -40,90 +27,34 @@ from ray_layout.commands.common import (
     json_flag,
     script_arguments_apart,
 )
-from ray_layout.commands.flags import Settings, option
-from ray_layout.commands.profile import BackendFlags, RunPolicyFlags, log_dir_flag
-from ray_layout.commands.searching import (
-    check_sampled_work,
-    check_search_size,
-    hbm_flag,
-    microbatch_count,
-)
+from ray_layout.commands.profile import BackendFlags, log_dir_flag
+from ray_layout.commands.searching import check_sampled_work, check_search_size, microbatch_count
 from ray_layout.commands.tuned_script import comment_line, write_script_flag, write_tuned_script
 from ray_layout.errors import EXIT_INTERRUPTED, ConfigError
-from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
-from ray_layout.measure.observations import STEP_WARMUP
+from ray_layout.model.fields import MAX_PARALLEL_SIZE
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import MAX_PARALLEL_SIZE, Recipe
+from ray_layout.model.spec import Recipe
+from ray_layout.options.checks import MAX_TASKS, between, folder_or_new, plain_name, reachable
+from ray_layout.options.flag_fields import option
 from ray_layout.report.summary import TuneSummary, speedups
 from ray_layout.runtime.layout_runs import MEGATRON_CORE
 from ray_layout.runtime.local import connected
 from ray_layout.tuning.loop import run_tune
-from ray_layout.tuning.settings import TuneSettings, study_id
+from ray_layout.tuning.settings import TuneOptions, TuneSettings, study_id
 
 DESCRIPTION = (
     "Measure, search and A/B-test pipeline layouts on a Ray cluster; report the "
     "--pipeline-model-parallel-layout to use."
 )
-AB_TEST = "A/B test"
-_AB = ABConfig()
-_TUNE = {item.name: item.default for item in fields(TuneSettings) if item.default is not MISSING}
-
-
-@dataclass(frozen=True, kw_only=True)
-class ABFlags(Settings):
-    """How the A/B test looks at its arms (ray_layout.ab.stats.ABConfig, from flags)."""
-
-    ab_warmup: int = option(
-        _AB.warmup_iterations, group=AB_TEST, checks=[between(0, MAX_ITERATIONS)]
-    )
-    ab_batch: int = option(
-        _AB.batch_size,
-        help="iterations per batch mean",
-        group=AB_TEST,
-        checks=[between(1, MAX_ITERATIONS)],
-    )
-    ab_looks: tuple[int, ...] = option(
-        _AB.looks,
-        help="batches at each look, e.g. 3,6,12,24 (the last is the budget)",
-        group=AB_TEST,
-        parse=comma_integers("3,6,12,24"),
-        checks=[each(between(1, MAX_ITERATIONS))],
-    )
-    ab_alpha: float = option(_AB.alpha, group=AB_TEST)
-    ab_margin: float = option(_AB.margin, group=AB_TEST)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.config()  # ABConfig checks its own values
-        budget = self.ab_warmup + self.ab_batch * max(self.ab_looks)
-        if budget > MAX_ITERATIONS:
-            raise ConfigError(
-                f"--ab-warmup {self.ab_warmup} + --ab-batch {self.ab_batch} x "
-                f"{max(self.ab_looks)} batches (--ab-looks) = {budget:,} iterations per arm, "
-                f"more than {MAX_ITERATIONS:,}"
-            )
-
-    def config(self) -> ABConfig:
-        return ABConfig(
-            warmup_iterations=self.ab_warmup,
-            batch_size=self.ab_batch,
-            looks=self.ab_looks,
-            alpha=self.ab_alpha,
-            margin=self.ab_margin,
-        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class TuneFlags(ModelSettings):
-    """The tune command's flags; :func:`tune_settings` makes them the driver's settings."""
+    """The tune command's flags: where the tune runs and keeps what it measures, and its options
+    (a section: each field of ``TuneOptions`` is a flag); :func:`tune_settings` makes them the
+    driver's settings."""
 
     runner: BackendFlags = field(default_factory=BackendFlags)
-    hbm_gb: float | None = hbm_flag("GPU memory limit in GiB for the search")
-    ab_top: int = option(
-        _TUNE["ab_top"],
-        help="how many top layouts to A/B-test with the baselines (0: none)",
-        checks=[at_least(0)],
-    )
     store: str = option("ray_layout_store", help="the cost store folder", checks=[folder_or_new])
     study: str | None = option(
         None,
@@ -146,33 +77,13 @@ class TuneFlags(ModelSettings):
         help="GPUs a run takes per node (default: the cluster's, 4 embedded)",
         checks=[between(1, MAX_PARALLEL_SIZE)],
     )
-    profile_iters: int = option(
-        _TUNE["profile_iters"],
-        checks=[
-            at_least(MIN_PROFILE_ITERATIONS, FIT_NEEDS),
-            at_least(STEP_WARMUP + 2, f"the step fit drops the first {STEP_WARMUP}"),
-            between(1, MAX_ITERATIONS),
-        ],
-    )
-    runs_at_once: int | None = option(
-        _TUNE["runs_at_once"],
-        help="at most this many runs side by side (default: as many as fit, one on the "
-        "megatron-core backend; 1 keeps emulated runs on a small machine from sharing its cores)",
-        checks=[at_least(1)],
-    )
-    ab: ABFlags = field(default_factory=ABFlags)
-    runs: RunPolicyFlags = field(default_factory=RunPolicyFlags)
-    samples: int = option(
-        _TUNE["samples"], help="Monte Carlo samples", checks=[between(1, MAX_SAMPLES)]
-    )
-    seed: int = option(_TUNE["seed"], checks=[at_least(0)])
-    allow_standalone_mtp: bool = option(_TUNE["allow_standalone_mtp"])
+    options: TuneOptions = field(default_factory=TuneOptions)
     as_json: bool = json_flag("print the summary as JSON at the end")
     write_script: str | None = write_script_flag()
 
 
 def tune_settings(flags: TuneFlags, recipe: Recipe, gpus_per_node: int) -> TuneSettings:
-    """The driver's settings: the flags, with the study id and report folder filled in."""
+    """The driver's settings: the flags' options, with the study id and report folder filled in."""
     backend = flags.runner.to_backend()
     study = flags.study or study_id(recipe, backend)
     return TuneSettings(
@@ -182,15 +93,7 @@ def tune_settings(flags: TuneFlags, recipe: Recipe, gpus_per_node: int) -> TuneS
         log_dir=Path(flags.log_dir) if flags.log_dir else None,
         report_dir=Path(flags.report_dir or Path("ray_layout_report") / study),
         gpus_per_node=gpus_per_node,
-        ab=flags.ab.config(),
-        ab_top=flags.ab_top,
-        profile_iters=flags.profile_iters,
-        hbm_gib=flags.hbm_gb,
-        policy=flags.runs.policy(),
-        samples=flags.samples,
-        seed=flags.seed,
-        allow_standalone_mtp=flags.allow_standalone_mtp,
-        runs_at_once=backend.runs_at_once(flags.runs_at_once),
+        options=flags.options,
     )
 
 
@@ -201,7 +104,7 @@ def _checked_recipe(flags: TuneFlags) -> Recipe:
         raise ConfigError("the number of micro-batches is unknown: give --global-batch-size")
     microbatch_count(recipe, microbatches)
     check_search_size(recipe)
-    check_sampled_work(recipe, microbatches, flags.samples)
+    check_sampled_work(recipe, microbatches, flags.options.samples)
     return recipe
 
 
@@ -213,7 +116,7 @@ def tune_on_cluster(
     recipe = _checked_recipe(flags)
     settings = tune_settings(flags, recipe, flags.gpus_per_node or 0)  # before any cluster
     if settings.backend.name == MEGATRON_CORE:
-        check_runs_on_cpu(recipe.megatron_args, "megatron_args")
+        check_runs_on_cpu(recipe.flags)
     with connected(flags.ray_address, flags.nodes, flags.gpus_per_node) as (per_node, where):
         console.print(f"[bold]cluster[/bold]: {where}", highlight=False)
         settings = replace(settings, gpus_per_node=per_node)

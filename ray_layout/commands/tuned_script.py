@@ -10,9 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ray_layout.commands.checks import new_file
 from ray_layout.commands.common import ModelSettings
-from ray_layout.commands.flags import option
 from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.files import read_log_opening, read_text
 from ray_layout.model.layout import Layout
@@ -21,6 +19,8 @@ from ray_layout.model.megatron_recipe import sourced_file
 from ray_layout.model.run_log import holds_arguments_block
 from ray_layout.model.script_rewrite import rewrite_split
 from ray_layout.model.split import current_layout
+from ray_layout.options.checks import new_file
+from ray_layout.options.flag_fields import option
 from ray_layout.shell.refusal import ShellError
 
 _FILE_CONFIGS = (".yaml", ".yml", ".json")

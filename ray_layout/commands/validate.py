@@ -7,9 +7,9 @@ from typing import Any
 
 from rich.console import Console
 
-from ray_layout.commands.checks import between
 from ray_layout.commands.common import Command, emit, json_flag
-from ray_layout.commands.flags import Settings, argument, option
+from ray_layout.commands.flags import Settings
+from ray_layout.model.fields import MAX_LAYERS, MAX_PARALLEL_SIZE
 from ray_layout.model.layout import (
     Layout,
     check_interleaving,
@@ -17,7 +17,8 @@ from ray_layout.model.layout import (
     pretty,
     validate_buildable,
 )
-from ray_layout.model.spec import MAX_LAYERS, MAX_PARALLEL_SIZE
+from ray_layout.options.checks import between
+from ray_layout.options.flag_fields import argument, option
 
 LAYOUT_HELP = "e.g. 'Et*5|t*6|t*5|mL'"
 
@@ -39,8 +40,8 @@ class ValidateSettings(Settings):
 
 def run_validate(settings: ValidateSettings, console: Console) -> None:
     layout = Layout.parse(settings.layout, settings.pp)
-    overlap = not settings.no_overlap_p2p_communication  # Megatron's default overlaps
-    check_interleaving(settings.pp, layout.vpp, overlap_p2p_comm=overlap)
+    p2p_overlap = not settings.no_overlap_p2p_communication  # Megatron's default overlaps
+    check_interleaving(settings.pp, layout.vpp, overlap_p2p_comm=p2p_overlap)
     standalone = validate_buildable(
         layout,
         settings.num_layers,

@@ -18,8 +18,8 @@ from scipy.optimize import minimize_scalar
 
 from ray_layout.errors import MeasurementError
 from ray_layout.model.costs import UnitCosts
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.sizing import layer_units
-from ray_layout.model.spec import ModelSpec
 
 A2A_TOLERANCE_MS = 1e-3
 # Below this relative change of the simulated steps over the whole range, the steps cannot say

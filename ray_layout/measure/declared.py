@@ -23,9 +23,10 @@ from ray_layout.measure.log_records import MIN_STEADY_INTERVALS, WARMUP_INTERVAL
 from ray_layout.measure.log_world import INTEGER, LogWorld
 from ray_layout.measure.observations import unmeasurable
 from ray_layout.model.costs import stage_units
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout, validate
 from ray_layout.model.sizing import DECODER, EMBEDDING, LOSS, MTP
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 
 _COMPUTE = ("forward-compute", "backward-compute")
 

@@ -21,11 +21,13 @@ import numpy as np
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
 from ray_layout.model.sizing import GIB, LOSS, MTP, unit_sizes
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 from search.cost_model import build_cost_model
 from search.evaluate import score
+from search.pipeline_ops import ScheduleShape
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
 
@@ -221,7 +223,7 @@ def profile_design(
     run = replace(parallel, vpp=1)
     space = LayoutSpace.of(model, run, allow_standalone_mtp=standalone_mtp)
     cuts = _candidate_cuts(space, candidate_limit, seed)
-    program = compile_schedule(run.pp, 1, num_microbatches)
+    program = compile_schedule(ScheduleShape(run.pp, 1, num_microbatches))
     cost_model = build_cost_model(model, run, guess, num_microbatches)
     scores = score(
         program, cost_model, space.unit_counts(cuts, cost_model.units, model.moe_layer_pattern)

@@ -18,14 +18,16 @@ from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
 from ray_layout.measure.memory_fit import MemoryFit, fit_memory, memory_costs
 from ray_layout.measure.observations import RunObservation
 from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance, within_bounds
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import MemorySettings
 from ray_layout.model.sizing import LOSS, MTP, stage_sizes
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 from search.cost_model import inter_node_links
 from search.memory import PLAIN
-from search.memory_settings import MemorySettings
+from search.pipeline_ops import P2PCall, ScheduleShape, Transfer
 from search.planner import PlanOptions, Problem, SearchSpec, score_given
-from search.schedule import P2PCall, Transfer, rank_ops
+from search.schedule import rank_ops
 
 RESIDUAL_WARNING = 0.05
 # A PP rank whose compute the fitted unit costs miss by more than this is no noise: the run is
@@ -279,11 +281,9 @@ def simulated_step_ms(
     Monte Carlo jitter, as every prediction the tune makes.  Per-op jitter lengthens the mean
     step beyond the noise-free one (the critical path takes the slower of its branches), so a
     fixed tail fitted against the noise-free step would count that twice."""
-    spec = SearchSpec(num_microbatches=run.num_microbatches)
+    spec, options = SearchSpec(num_microbatches=run.num_microbatches), PlanOptions()
     run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
-    problem = Problem(
-        model, run_parallel, costs, spec, PlanOptions(), overlap_p2p=run.overlapped_p2p
-    )
+    problem = Problem(model, run_parallel, costs, spec, options, p2p_overlap=run.overlapped_p2p)
     return score_given(run.layout, problem).mean_ms
 
 
@@ -423,7 +423,7 @@ def _p2p(
     for run in (run for run in runs if not run.overlapped_p2p):
         pp = run.layout.pp
         crossing = inter_node_links(replace(parallel, pp=pp), base.gpus_per_node)
-        ops = rank_ops(pp, run.layout.vpp, run.num_microbatches)
+        ops = rank_ops(ScheduleShape(pp, run.layout.vpp, run.num_microbatches))
         for rank, rank_list in enumerate(ops):
             below, above = bool(crossing[(rank - 1) % pp]), bool(crossing[rank])
             calls: dict[str, list[bool]] = {}  # timer -> whether each of its calls crosses

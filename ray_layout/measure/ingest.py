@@ -34,8 +34,9 @@ from ray_layout.measure.observations import (
 )
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_to_dict
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import PARALLEL_SIZES, ModelSpec, ParallelConfig
+from ray_layout.model.spec import PARALLEL_SIZES, ParallelConfig
 
 
 @dataclass(frozen=True)

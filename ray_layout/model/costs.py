@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ray_layout.errors import ConfigError, clipped, quoted
-from ray_layout.model.fields import MAX_DIMENSION, MAX_PARALLEL_SIZE
+from ray_layout.model.fields import MAX_DIMENSION, MAX_PARALLEL_SIZE, ModelSpec
 from ray_layout.model.files import read_mapping
 from ray_layout.model.sizing import (
     DECODER,
@@ -38,7 +38,7 @@ from ray_layout.model.sizing import (
     layer_units,
     unit_sizes,
 )
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 from ray_layout.model.traffic import HBM_GB_PER_S, a2a_ms, embedding_ms
 
 FORMAT = "ray_layout.costs/1"

@@ -36,7 +36,7 @@ from typing import Any
 
 from ray_layout.errors import ConfigError, quoted
 from ray_layout.model import hf_flags
-from ray_layout.model.fields import MAX_LAYERS
+from ray_layout.model.fields import MAX_LAYERS, ModelSpec
 from ray_layout.model.hf_keys import (
     Family,
     Raw,
@@ -46,7 +46,6 @@ from ray_layout.model.hf_keys import (
     layer_flags,
     layer_indices,
 )
-from ray_layout.model.spec import ModelSpec
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray_layout.errors import ConfigError, quoted
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.megatron_args import megatron_flag_table
-from ray_layout.model.spec import ModelSpec
 
 Flag = tuple[str, ...]  # one option and its values, as on a command line
 

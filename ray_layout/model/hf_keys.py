@@ -16,7 +16,7 @@ from ray_layout.model.fields import MAX_DIMENSION
 from ray_layout.model.hf_flags import Defaults
 
 if TYPE_CHECKING:
-    from ray_layout.model.spec import ModelSpec
+    from ray_layout.model.fields import ModelSpec
 
 Raw = dict[str, Any]
 Shape = Callable[[Raw, int, str], dict[str, Any]]  # (config, decoder layers, source) -> fields

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 
 WEIGHT_BYTES = 2  # bf16 parameters
 GIB = 2**30  # bytes in a GiB: every memory figure ray_layout shows is in GiB

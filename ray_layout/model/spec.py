@@ -1,4 +1,5 @@
-"""ModelSpec and ParallelConfig: the model shape and parallel sizes everything else reads.
+"""ModelSpec and ParallelConfig: the model shape and parallel sizes everything else reads
+(ModelSpec is declared with its fields' facts in ``fields.py``).
 
 Field names follow Megatron's argument names (``--num-query-groups`` -> ``num_query_groups``) so
 that the three loaders (this project's YAML/JSON, a Megatron command line, a Hugging Face
@@ -17,105 +18,21 @@ from ray_layout.errors import ConfigError, clipped, quoted
 from ray_layout.model.fields import (
     FIELD,
     MAX_DIMENSION,
-    MAX_LAYERS,
     MAX_PARALLEL_SIZE,
     MAX_PIPELINE_STAGES,
     MAX_WORLD_SIZE,
     MODEL_KEYS,
+    MLAConfig,
+    ModelSpec,
     checked,
     take,
 )
 from ray_layout.model.files import read_mapping
 from ray_layout.model.fork_fields import check_fork_fields
+from ray_layout.model.job_flags import JobFlags, job_flags
 from ray_layout.model.megatron_args import UnresolvedArgument
 from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
 from ray_layout.model.split import PipelineSplit
-
-
-@dataclass(frozen=True)
-class MLAConfig:
-    """Multi-latent attention (DeepSeek-V2/V3): low-rank query and key/value projections."""
-
-    q_lora_rank: int | None
-    kv_lora_rank: int
-    qk_head_dim: int
-    qk_pos_emb_head_dim: int
-    v_head_dim: int
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The shape of a GPT-style (MoE) model as Megatron builds it."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    ffn_hidden_size: int
-    num_query_groups: int
-    kv_channels: int
-    seq_length: int
-    vocab_size: int
-    make_vocab_size_divisible_by: int = 128
-    swiglu: bool = True
-    quick_geglu: bool = False  # gpt-oss's clamped GeGLU with quick GELU: gated, as SwiGLU is
-    normalization: str = "RMSNorm"
-    add_bias_linear: bool = False
-    add_qkv_bias: bool = False
-    qk_layernorm: bool = False
-    softmax_type: str = "vanilla"  # "learnable": attention sinks, one parameter per head
-    position_embedding_type: str = "rope"
-    max_position_embeddings: int = 0
-    untie_embeddings_and_output_weights: bool = False
-    num_experts: int = 0
-    moe_ffn_hidden_size: int = 0
-    moe_router_topk: int = 0
-    moe_shared_expert_intermediate_size: int = 0
-    moe_shared_expert_gate: bool = False  # a learned gate on the shared expert: h weights
-    moe_layer_pattern: tuple[bool, ...] = ()
-    mtp_num_layers: int = 0
-    mla: MLAConfig | None = None
-    # What Megatron's forks build beyond megatron-core (ray_layout/model/dialects):
-    # DeepSpeed-MoE's routed experts of each MoE layer in order, where they differ (PR-MoE's
-    # pyramid); () is num_experts on every MoE layer, and num_experts is the largest.
-    moe_layer_experts: tuple[int, ...] = ()
-    # Whose MoE block: "megatron" (megatron-core's MoELayer) or "deepspeed"
-    # (deepspeed.moe.layer.MoE: a TopKGate without bias, experts outside TP).
-    moe_block: str = "megatron"
-    moe_residual: bool = False  # DeepSpeed's PR-MoE: a dense MLP beside the experts, mixed 2-way
-    noop_layers: tuple[int, ...] = ()  # MindSpeed's no-op layers (0-based): no parameters
-
-    @property
-    def gated_linear_unit(self) -> bool:
-        """Whether the MLP's first projection is doubled (gate and up): Megatron sets
-        ``gated_linear_unit`` for ``--swiglu`` and for ``--quick-geglu`` alike."""
-        return self.swiglu or self.quick_geglu
-
-    @property
-    def tied_embeddings(self) -> bool:
-        """The output layer shares the embedding's weights (Megatron's default)."""
-        return not self.untie_embeddings_and_output_weights
-
-    @property
-    def num_moe_layers(self) -> int:
-        return sum(self.moe_layer_pattern)
-
-    @property
-    def mtp_layer_is_moe(self) -> bool:
-        """Megatron builds each MTP layer with the spec of the last decoder layer."""
-        return bool(self.moe_layer_pattern) and self.moe_layer_pattern[-1]
-
-    @property
-    def experts_per_layer(self) -> tuple[int, ...]:
-        """The routed experts of each decoder layer (0 for a dense one): num_experts on every
-        MoE layer, or DeepSpeed-MoE's count of each in order."""
-        counts = iter(self.moe_layer_experts or (self.num_experts,) * self.num_moe_layers)
-        return tuple(next(counts) if moe else 0 for moe in self.moe_layer_pattern)
-
-    def padded_vocab_size(self, tensor_parallel: int = 1) -> int:
-        """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
-        multiple = self.make_vocab_size_divisible_by * tensor_parallel
-        return -(-self.vocab_size // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -195,16 +112,13 @@ class Recipe:
     # refuses them unless the tuner owns them
     unresolved_arguments: tuple[UnresolvedArgument, ...] = ()
     dialect: str = ""  # the Megatron fork whose command line it is ("" for Megatron-LM's)
+    # what megatron_args mean to the models, parsed once with every construction (and replace)
+    flags: JobFlags = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flags", job_flags(self.megatron_args))
 
 
-__all__ = [
-    "MAX_DIMENSION",
-    "MAX_LAYERS",
-    "MAX_PARALLEL_SIZE",
-    "MAX_PIPELINE_STAGES",
-    "MAX_WORLD_SIZE",
-    "MODEL_KEYS",
-]
 # The ModelSpec fields a loader gives as they are (the table's entries; the rest are derived).
 _SPEC_KEYS = tuple(f.name for f in fields(ModelSpec) if f.name in FIELD)
 PARALLEL_KEYS = frozenset(f.name for f in fields(ParallelConfig))
@@ -286,8 +200,9 @@ _MOE_ONLY = (
 
 
 def _moe_pattern(raw: dict[str, Any], v: dict[str, Any], source: str) -> tuple[bool, ...]:
-    """Which layers are MoE; the MoE fields of ``v`` settled (0 on a dense model, where setting
-    one is an error)."""
+    """Which layers are MoE; the MoE fields of ``v`` settled: 0 on a dense model, where setting
+    one is an error; on a MoE model the expert FFN is ffn_hidden_size and top-k Megatron's 2
+    unless given."""
     num_layers, num_experts = v["num_layers"], v["num_experts"]
     if not num_experts:
         moe_only = [k for k in _MOE_ONLY if raw.get(k)]  # 0, false and [] are unset
@@ -296,6 +211,8 @@ def _moe_pattern(raw: dict[str, Any], v: dict[str, Any], source: str) -> tuple[b
         v.update(dict.fromkeys((*_MOE_ONLY[:2], "moe_ffn_hidden_size"), 0))
         return (False,) * num_layers
     v["moe_ffn_hidden_size"] = v["moe_ffn_hidden_size"] or v["ffn_hidden_size"]
+    if raw.get("moe_router_topk") is None:
+        v["moe_router_topk"] = 2  # Megatron's --moe-router-topk default
     if not 1 <= v["moe_router_topk"] <= num_experts:
         raise ConfigError(
             f"{source}: moe_router_topk {v['moe_router_topk']} must be between 1 and num_experts "

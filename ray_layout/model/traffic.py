@@ -3,9 +3,10 @@ and a MoE layer's EP all-to-alls, as milliseconds at given bandwidths."""
 
 from __future__ import annotations
 
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import EMBEDDING
 from ray_layout.model.sizing import GRAD_BYTES, WEIGHT_BYTES, unit_sizes
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 
 HBM_GB_PER_S = 3000.0  # achieved HBM bandwidth per GPU for the memory-bound parts of a guess
 # Bytes the embedding's backward moves per element of its (TP-sharded) table each micro-batch:

@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launchers.megatron import ARGUMENTS_SOURCE
 from ray_layout.errors import RunFailure, exception_line
 from ray_layout.measure.store import CostStore
-from ray_layout.model.megatron_args import FlagTable, megatron_flag_table
+from ray_layout.model.megatron_args import FlagTable, check_arguments, megatron_flag_table
 from ray_layout.model.megatron_help_table import merge_with_bundled, parse_help
 from ray_layout.runtime.layout_runs import Backend
 
@@ -32,6 +34,11 @@ class ClusterFlags:
     flags: FlagTable
     source: str  # "the flag table of <python> <megatron-path>/pretrain_gpt.py", or BUNDLED
     note: str | None = None  # why the bundled table stands in, for the user
+
+    def check(self, argvs: Sequence[Sequence[str]]) -> None:
+        """Each argument list against this table: one line for a flag it does not know."""
+        for argv in argvs:
+            check_arguments(argv, f"{ARGUMENTS_SOURCE} ({self.source})", self.flags)
 
 
 def cluster_flag_table(backend: Backend, store: CostStore, study: str) -> ClusterFlags:

@@ -44,8 +44,6 @@ from ray_layout.tuning.phases import (
 from ray_layout.tuning.refit import refit, refit_all_to_all
 from ray_layout.tuning.settings import TuneSettings
 from ray_layout.tuning.summarize import profile_gpu_seconds, refit_note, summarize
-from search.combined import ep_overlap
-from search.overlap import unsimulated
 
 NO_AB = ABOutcome("", (), ())
 
@@ -71,15 +69,15 @@ def run_tune(
     with phases.phase("size", f"{model.name} on PP={parallel.pp} VPP={parallel.vpp}"):
         phases.say(_size_line(recipe, settings.study))
         # said once and kept in the report: the runs keep these flags, unmodelled
-        unmodelled = [f"not simulated: {note}" for note in unsimulated(recipe.megatron_args)]
+        unmodelled = [f"not simulated: {note}" for note in recipe.flags.unsimulated]
         for note in unmodelled:
             phases.say(note)
         cluster_flags = None
         if settings.backend.name == MEGATRON:  # read once; the user's flags before any GPU
             cluster_flags = check_cluster_flags([recipe.megatron_args], settings, store, phases)
-        if settings.hbm_gib is None:  # never assumed: a layout must fit the cluster's GPUs
+        if settings.options.hbm_gib is None:  # never assumed: a layout must fit the cluster's GPUs
             hbm_gib, where = cluster_hbm_gib(settings.backend)
-            settings = replace(settings, hbm_gib=hbm_gib)
+            settings = replace(settings, options=replace(settings.options, hbm_gib=hbm_gib))
             phases.say(f"GPU memory {hbm_gib:,.1f} GiB, from {where} (--hbm-gb sets it)")
     with phases.phase("profile", f"profiling runs on the {settings.backend.name} backend"):
         live = LiveRuns(recipe, settings, store, phases, cancel)
@@ -91,13 +89,13 @@ def run_tune(
     with phases.phase("search", "simulate every layout Megatron accepts"):
         searched = search(recipe, first.costs, settings, cpus=cluster_cpus(), progress=phases.say)
         phases.say(_search_line(searched))
-    arms = choose_arms(searched.found, settings.ab_top)
+    arms = choose_arms(searched.found, settings.options.ab_top)
     ab = NO_AB
-    if settings.ab_top > 0:
+    if settings.options.ab_top > 0:
         with phases.phase("A/B", "the top layouts and the baselines, live, early-stopped"):
             ab = ab_test(live, arms, cluster_gpus=cluster_gpus())
     notes = list(unmodelled)
-    combined = ep_overlap(recipe.megatron_args).on
+    combined = recipe.flags.ep_overlap.on
     if combined:
         notes.append(PROFILED_WITHOUT_EP_OVERLAP)
     with phases.phase("refit", "A/B runs added to the cost model"):
@@ -109,7 +107,7 @@ def run_tune(
                 first=first,
                 searched=searched,
                 results=ab.results,
-                config=settings.ab,
+                config=settings.options.ab,
             )
         else:
             refined = refit(
@@ -120,7 +118,7 @@ def run_tune(
                 results=ab.results,
                 gpus_per_node=settings.gpus_per_node,
             )
-        if (note := refit_note(recipe, refined, ab, searched, settings.ab)) is not None:
+        if (note := refit_note(recipe, refined, ab, searched, settings.options.ab)) is not None:
             notes.append(note)
             phases.say(note)
     if ab.results and ab.winner is None:

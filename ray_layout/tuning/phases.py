@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 
 from launchers.emulated.hardware import load_profile
 from launchers.megatron import (
-    ARGUMENTS_SOURCE,
     MegatronRunSettings,
     environment_notes,
     megatron_arguments,
@@ -34,7 +33,6 @@ from ray_layout.measure.fit import FitResult, fit_costs
 from ray_layout.measure.ingest import observations_from_store, record_fit
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import UnitCosts, costs_from_flops
-from ray_layout.model.megatron_args import check_arguments
 from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import FINISHED, STOPPED
@@ -50,7 +48,6 @@ from ray_layout.runtime.megatron_help_probe import ClusterFlags, cluster_flag_ta
 from ray_layout.runtime.sharding import ray_map_shards
 from ray_layout.tuning.display import Phases
 from ray_layout.tuning.settings import TuneSettings
-from search.memory_settings import memory_settings
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.ranking import Candidate
 from search.space import LayoutSpace
@@ -105,21 +102,21 @@ def profile(live: LiveRuns, *, cluster_flags: ClusterFlags | None = None) -> lis
     """The fewest runs that identify every unit's cost (``profile_design``), on the cluster;
     ``cluster_flags`` (the megatron backend's, read once by the tune) check the runs' argv."""
     recipe, settings, phases = live.recipe, live.settings, live.phases
-    parallel = recipe.parallel
+    tune, parallel = settings.options, recipe.parallel
     guess = costs_from_flops(recipe.model, replace(parallel, vpp=1))
     design = profile_design(
         recipe.model,
         parallel,
         parallel.num_microbatches_or_none,
         guess,
-        hbm_gib=settings.hbm_gib,
+        hbm_gib=tune.hbm_gib,
         standalone_mtp=False,
     )
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,
-        settings=MegatronRunSettings(train_iters=settings.profile_iters, profiling=True),
-        policy=settings.policy,
-        max_parallel=settings.runs_at_once,
+        settings=MegatronRunSettings(train_iters=tune.profile_iters, profiling=True),
+        policy=tune.policy,
+        max_parallel=tune.runs_at_once,
     )
     first = design.layouts[0]
     arguments = megatron_arguments(layout_recipe(recipe, first), first, options.settings)
@@ -128,16 +125,16 @@ def profile(live: LiveRuns, *, cluster_flags: ClusterFlags | None = None) -> lis
     for note in environment_notes(recipe):
         phases.say(f"your launch script: {note}")
     if cluster_flags is not None:
-        check_against([arguments.argv], cluster_flags)
+        cluster_flags.check([arguments.argv])
     with phases.bars() as bars:
-        tasks = [bars.add(f"profile {layout}", settings.profile_iters) for layout in design.layouts]
+        tasks = [bars.add(f"profile {layout}", tune.profile_iters) for layout in design.layouts]
         runs = [
             LayoutRun(layout, watch=bars.watch(task))
             for layout, task in zip(design.layouts, tasks, strict=True)
         ]
 
         def resumed(index: int, run: ProfiledRun) -> None:
-            bars.update(tasks[index], settings.profile_iters, "(from the store)")
+            bars.update(tasks[index], tune.profile_iters, "(from the store)")
 
         done = live.run(runs, options=options, resumed=resumed)
     for run in done:
@@ -164,14 +161,8 @@ def check_cluster_flags(
     flags = cluster_flag_table(settings.backend, store, settings.study)
     if flags.note:
         phases.say(flags.note)
-    check_against(argvs, flags)
+    flags.check(argvs)
     return flags
-
-
-def check_against(argvs: Sequence[Sequence[str]], flags: ClusterFlags) -> None:
-    """Each argument list against a table already read: one line for a flag it does not know."""
-    for argv in argvs:
-        check_arguments(argv, f"{ARGUMENTS_SOURCE} ({flags.source})", flags.flags)
 
 
 def _logs(settings: TuneSettings) -> str:
@@ -194,7 +185,7 @@ def fit(
         recipe.parallel,
         observations,
         gpus_per_node=gpus_per_node,
-        memory=memory_settings(recipe.megatron_args),  # calibrate under the job's memory flags
+        memory=recipe.flags.memory,  # calibrate under the job's memory flags
     )
     record_fit(store, study, result, [o.name for o in observations])
     return result
@@ -229,19 +220,19 @@ def search(
     """Every layout, simulated (or the space searched exactly); spaces over ``SHARD_ABOVE``
     layouts are split over up to ``cpus`` Ray tasks of the cluster the tune runs on (the same
     top as one process, tested in tests/runtime/test_sharding.py)."""
-    model, parallel = recipe.model, recipe.parallel
-    space = LayoutSpace.of(model, parallel, allow_standalone_mtp=settings.allow_standalone_mtp)
+    model, parallel, tune = recipe.model, recipe.parallel, settings.options
+    space = LayoutSpace.of(model, parallel, allow_standalone_mtp=tune.allow_standalone_mtp)
     shards = min(MAX_SHARDS, cpus) if space.count().total > SHARD_ABOVE else 1
     spec = SearchSpec(
         num_microbatches=parallel.num_microbatches_or_none,
-        allow_standalone_mtp=settings.allow_standalone_mtp,
+        allow_standalone_mtp=tune.allow_standalone_mtp,
         shards=max(shards, 1),
     )
     options = PlanOptions(
-        top=max(10, settings.ab_top),
-        samples=settings.samples,
-        seed=settings.seed,
-        hbm_gib=settings.hbm_gib,
+        top=max(10, tune.ab_top),
+        samples=tune.samples,
+        seed=tune.seed,
+        hbm_gib=tune.hbm_gib,
     )
     started = time.monotonic()
     map_shards = ray_map_shards if spec.shards > 1 else None
@@ -283,11 +274,13 @@ def ab_test(live: LiveRuns, arms: Sequence[Arm], *, cluster_gpus: int) -> ABOutc
     An arm is never retried (its steps would mix two runs), and it may wait for every arm
     before it to end before it gets its GPUs."""
     recipe, settings, store, phases = live.recipe, live.settings, live.store, live.phases
-    config, policy = settings.ab, settings.policy
+    tune = settings.options
+    config, policy = tune.ab, tune.policy
     placement_s = max(policy.placement_timeout_s, policy.timeout_s * (1 + len(arms)))
     key = test_id(arms, config, repr((recipe.model, recipe.parallel, settings.backend.hardware)))
     world = recipe.parallel.world_size
-    at_once = max(1, min(cluster_gpus // world, settings.runs_at_once or cluster_gpus))
+    most = settings.backend.runs_at_once(tune.runs_at_once) or cluster_gpus
+    at_once = max(1, min(cluster_gpus // world, most))
     phases.say(
         f"{len(arms)} arms of {world} GPUs, {min(at_once, len(arms))} at a time, "
         f"{config.max_iterations} iterations at most each (test {key})"
@@ -303,7 +296,7 @@ def ab_test(live: LiveRuns, arms: Sequence[Arm], *, cluster_gpus: int) -> ABOutc
             arm.name: bars.add(f"{arm.name} {arm.layout}", config.max_iterations) for arm in arms
         }
         test = LiveTest(
-            arms, config, settings.hbm_gib, lambda arm, steps: bars.update(tasks[arm], steps)
+            arms, config, tune.hbm_gib, lambda arm, steps: bars.update(tasks[arm], steps)
         )
         if test.first_looks:
             early = ", ".join(f"{arm} after {batches}" for arm, batches in test.first_looks.items())

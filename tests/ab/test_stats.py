@@ -42,9 +42,11 @@ def test_config_derived_quantities():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"warmup_iterations": -1}, "warmup_iterations"),
-        ({"batch_size": 0}, "batch_size"),
+        ({"warmup_iterations": -1}, "^--ab-warmup must be >= 0, got -1$"),  # the flag's words
+        ({"warmup_iterations": 1.5}, "warmup_iterations"),
+        ({"batch_size": 0}, "^--ab-batch must be >= 1, got 0$"),
         ({"batch_size": 2.5}, "batch_size"),
+        ({"looks": (2, 2_000_000)}, "^--ab-looks must be <= 1,000,000"),
         ({"looks": ()}, "looks"),
         ({"looks": (1, 4)}, "at least 2 batches"),
         ({"looks": (2, 2, 8)}, "strictly increasing"),
@@ -54,6 +56,7 @@ def test_config_derived_quantities():
         ({"margin": -0.01}, "margin"),
         ({"margin": math.inf}, "margin"),
         ({"blowup": 1.0}, "blowup"),
+        ({"batch_size": 100_000, "looks": (3, 20)}, "iterations per arm, more than 1,000,000"),
     ],
 )
 def test_config_errors_name_the_problem(fields, message):

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_layout.commands.checks import at_least, comma_integers, each
 from ray_layout.commands.common import OneLineErrorParser
-from ray_layout.commands.flags import Settings, add_flags, argument, from_args, option
+from ray_layout.commands.flags import Settings, add_flags, from_args
 from ray_layout.errors import ConfigError
+from ray_layout.options.checks import at_least, comma_integers, each
+from ray_layout.options.flag_fields import argument, option
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,3 +105,25 @@ def test_a_comma_list_reads_back_the_integers_it_was_written_from(numbers):
     else:
         with pytest.raises(ConfigError, match=r"^--sizes must be >= 1, got "):
             parsed(flag)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A section declared in a lower layer: a plain dataclass, one field of it no flag."""
+
+    wait_s: float = option(5.0, names=["--policy-wait"], group="policy")
+    grace_s: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Holder(Settings):
+    policy: Policy = field(default_factory=Policy)
+
+
+def test_a_plain_dataclass_section_adds_its_flags_and_keeps_its_other_fields():
+    parser = OneLineErrorParser(prog="holder")
+    add_flags(parser, Holder)
+    assert "policy:\n  --policy-wait POLICY_WAIT" in parser.format_help()  # as the flag reads
+    assert "grace" not in parser.format_help()
+    assert from_args(Holder, parser.parse_args([])) == Holder()
+    assert from_args(Holder, parser.parse_args(["--policy-wait", "9"])).policy == Policy(9.0, 1.0)

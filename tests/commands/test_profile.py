@@ -15,12 +15,7 @@ from launchers.emulated.hardware import BUNDLED_PROFILE
 from ray_layout.commands.common import command_parser
 from ray_layout.commands.flags import from_args
 from ray_layout.commands.main import main
-from ray_layout.commands.profile import (
-    BackendFlags,
-    ProfileSettings,
-    RunPolicyFlags,
-    _layouts,
-)
+from ray_layout.commands.profile import BackendFlags, ProfileSettings, _layouts
 from ray_layout.errors import ConfigError, LayoutError
 from ray_layout.runtime import layout_runs, local
 from ray_layout.runtime.policy import RunPolicy
@@ -56,14 +51,13 @@ def test_a_hardware_profile_that_is_missing_or_broken_is_refused_now(tmp_path):
     assert str(broken) in str(refused.value) and "\n" not in str(refused.value)
 
 
-def test_the_run_policys_flags_default_to_the_policy_and_are_checked():
-    assert RunPolicyFlags().policy() == RunPolicy()
-    assert RunPolicyFlags(timeout_s=5, max_retries=0).policy() == RunPolicy(
-        timeout_s=5, max_retries=0
-    )
-    for name, bad in (("timeout_s", 0.0), ("heartbeat_s", float("inf"))):
-        with pytest.raises(ConfigError, match=f"^--{name.replace('_', '-')} must be"):
-            RunPolicyFlags(**{name: bad})
+def test_the_run_policys_flags_default_to_the_policy_and_are_checked(tmp_path):
+    assert profile_settings(tmp_path).policy == RunPolicy()
+    given = profile_settings(tmp_path, "--timeout-s", "5", "--max-retries", "0")
+    assert given.policy == RunPolicy(timeout_s=5, max_retries=0)
+    for flag, bad in (("--timeout-s", "0"), ("--heartbeat-s", "inf")):
+        with pytest.raises(ConfigError, match=f"^{flag} must be"):
+            profile_settings(tmp_path, flag, bad)
 
 
 def profile_settings(tmp_path: Path, *argv: str) -> ProfileSettings:

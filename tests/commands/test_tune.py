@@ -15,7 +15,7 @@ import pytest
 from ray_layout.ab.stats import ABConfig
 from ray_layout.commands import tune
 from ray_layout.commands.flags import from_args
-from ray_layout.commands.tune import ABFlags, TuneFlags, build_parser, main, tune_settings
+from ray_layout.commands.tune import TuneFlags, build_parser, main, tune_settings
 from ray_layout.errors import EXIT_INTERRUPTED, ConfigError
 from ray_layout.model.loading import load_recipe
 from ray_layout.tuning.settings import study_id
@@ -28,14 +28,15 @@ def flags_of(*argv: str) -> TuneFlags:
 
 
 def test_the_ab_flags_default_to_the_ab_tests_own_settings():
-    assert ABFlags().config() == ABConfig()
+    assert flags_of(HANDBOOK).options.ab == ABConfig()
     given = flags_of(HANDBOOK, "--ab-looks", "2,4", "--ab-batch", "5", "--ab-warmup", "1")
-    assert given.ab.config() == replace(ABConfig(), looks=(2, 4), batch_size=5, warmup_iterations=1)
+    wanted = replace(ABConfig(), looks=(2, 4), batch_size=5, warmup_iterations=1)
+    assert given.options.ab == wanted
 
 
 def test_an_ab_budget_past_the_iteration_bound_is_refused_with_its_sum():
     with pytest.raises(ConfigError) as refused:
-        ABFlags(ab_warmup=10, ab_batch=100_000, ab_looks=(3, 20))
+        flags_of(HANDBOOK, "--ab-warmup", "10", "--ab-batch", "100000", "--ab-looks", "3,20")
     assert str(refused.value) == (
         "--ab-warmup 10 + --ab-batch 100000 x 20 batches (--ab-looks) = 2,000,010 iterations "
         "per arm, more than 1,000,000"
@@ -53,6 +54,7 @@ def test_the_study_and_report_folder_follow_the_model_unless_given(tmp_path):
         4,
         None,
     )
+    assert settings.options == flags.options  # the flags' own options, unchanged
     named = flags_of(
         HANDBOOK,
         "--study",

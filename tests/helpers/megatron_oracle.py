@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from ray_layout.model import sizing
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.megatron_args import parse_flags
-from ray_layout.model.spec import ModelSpec, Recipe
+from ray_layout.model.spec import Recipe
 
 # Warnings megatron-core emits on a CPU-only machine without Transformer Engine or Apex, and
 # its own deprecation notices (torch's for the jit decorators megatron-core uses); tests pass

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from search.schedule import BACKWARD, FORWARD, Compute
+from search.pipeline_ops import BACKWARD, FORWARD, Compute, ScheduleShape
 
 
-def megatron_order(pp: int, rank: int, vpp: int, microbatches: int, group: int):
+def megatron_order(shape: ScheduleShape, rank: int):
     """Per-rank computations as megatron-core's functions lay them out: warm-up forwards,
     steady (forward k + warm-up, backward k), cool-down backwards, over get_schedule_table."""
     from megatron.core.pipeline_parallel import schedules
+
+    pp, vpp, microbatches, group = shape.pp, shape.vpp, shape.num_microbatches, shape.group_size
 
     communicator = SimpleNamespace(
         pp_group=SimpleNamespace(size=lambda: pp, rank=lambda: rank),
@@ -38,18 +40,9 @@ def megatron_order(pp: int, rank: int, vpp: int, microbatches: int, group: int):
     return order
 
 
-def megatron_ops(
-    pp: int,
-    rank: int,
-    vpp: int,
-    microbatches: int,
-    group: int,
-    overlap_p2p: bool,
-    ep_overlap: bool = False,
-):
+def megatron_ops(shape: ScheduleShape, rank: int):
     """Every op of one rank (computations, p2p calls, waits) as megatron-core's interleaved
-    schedule function issues them, run with stub communicators (the emulator's own trace);
-    ``ep_overlap``: with ``overlap_moe_expert_parallel_comm`` (combined 1F1B)."""
+    schedule function issues them, run with stub communicators (the emulator's own trace)."""
     from launchers.emulated.megatron_trace import traced_program
 
-    return traced_program(pp, rank, vpp, microbatches, group, overlap_p2p, ep_overlap)
+    return traced_program(shape, rank)

@@ -15,6 +15,7 @@ from search.combined import merge_savings
 from search.cost_model import CostModel, in_flight_at_peak
 from search.evaluate import _standalone_rank, hidden_ms, stage_times, tail_ms
 from search.exact import ExactResult, exact_search
+from search.pipeline_ops import ScheduleShape
 from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.schedule import Program, compile_schedule
 from search.simulator import simulate
@@ -52,7 +53,7 @@ def toy_cost_model(
         standalone_copy_params=0.13,
         overhead_bytes=3 * GIB,
         mtp_standalone_factor=1.12,
-        in_flight=in_flight_at_peak(pp, vpp, microbatches),
+        in_flight=in_flight_at_peak(ScheduleShape(pp, vpp, microbatches)),
     )
 
 
@@ -62,12 +63,12 @@ def plain_steps(space: LayoutSpace, program: Program, cost_model: CostModel):
     cuts = np.concatenate(list(space.cut_blocks()))
     counts = space.unit_counts(cuts, cost_model.units, cost_model.moe_pattern)
     forward, backward = stage_times(cost_model, counts)
-    tail = tail_ms(cost_model, counts, program.pp)
+    tail = tail_ms(cost_model, counts, program.shape.pp)
     hidden = hidden_ms(program, cost_model, counts)
     step = simulate(
         program, forward.T, backward.T, cost_model.p2p_ms, tail.T, hidden_ms=hidden
     ).step
-    standalone = _standalone_rank(counts, cost_model, program.pp).any(axis=1)
+    standalone = _standalone_rank(counts, cost_model, program.shape.pp).any(axis=1)
     return cuts, step * np.where(standalone, cost_model.mtp_standalone_factor, 1.0)
 
 
@@ -94,26 +95,28 @@ def check_exact_top_two(case) -> ExactResult:
     return found
 
 
-def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail, overlap_p2p=False):
+def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail, p2p_overlap=False):
     """(space, program, model, cuts, plain steps) of a random small space, None if it is empty;
-    ``overlap_p2p``: the interleaved schedule with overlapped p2p."""
+    ``p2p_overlap``: the interleaved schedule with overlapped p2p."""
     space = LayoutSpace(layers, mtp, pp, vpp)
     if space.count().total == 0:
         return None
-    program = compile_schedule(pp, vpp, microbatches, overlap_p2p=overlap_p2p)
+    program = compile_schedule(ScheduleShape(pp, vpp, microbatches, p2p_overlap=p2p_overlap))
     model = toy_cost_model(pp, vpp, microbatches, layers=layers, forward=unit, p2p=p2p,
                            tail_ms_per_gparam=tail)  # fmt: skip
     return (space, program, model, *plain_steps(space, program, model))
 
 
-def combined_toy_case(layers, mtp, pp, vpp, microbatches, unit, a2a, overlap_p2p):
+def combined_toy_case(layers, mtp, pp, vpp, microbatches, unit, a2a, p2p_overlap):
     """``toy_case`` under combined 1F1B: MoE layers (t) whose forward and backward each carry
     two all-to-alls of ``a2a`` ms, 40% of their compute attention, the weight gradient
     delayed."""
     space = LayoutSpace(layers, mtp, pp, vpp)
     if space.count().total == 0:
         return None
-    program = compile_schedule(pp, vpp, microbatches, overlap_p2p=overlap_p2p, combined=True)
+    program = compile_schedule(
+        ScheduleShape(pp, vpp, microbatches, p2p_overlap=p2p_overlap, combined=True)
+    )
     model = toy_cost_model(pp, vpp, microbatches, layers=layers, forward=unit, p2p=0.5)
     merge = merge_savings(
         model.units, model.forward_ms, model.backward_ms, {"t": 0.4}, a2a, ["t"], True

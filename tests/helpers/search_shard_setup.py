@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from search.pipeline_ops import ScheduleShape
 from search.planner import PlanOptions, ideal_step_ms
 from search.ranking import candidates_of
 from search.schedule import compile_schedule
@@ -17,7 +18,7 @@ def shard_setup(jitter: float = 0.05, vpp: int = 1, microbatches: int = 8, **cos
     """(space, program, cost model, options, tie grid) of the toy problem; ``costs``: as
     ``toy_cost_model`` takes them."""
     space = LayoutSpace(16, 1, 4, vpp)
-    program = compile_schedule(4, vpp, microbatches)
+    program = compile_schedule(ScheduleShape(4, vpp, microbatches))
     model = toy_cost_model(4, vpp, microbatches, jitter=jitter, **costs)
     options = PlanOptions(top=6, samples=64)
     grid = ideal_step_ms(model, space, program) * options.tie_tolerance

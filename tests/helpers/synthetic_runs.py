@@ -18,11 +18,13 @@ from ray_layout.measure.log_format import (
     timers_all,
 )
 from ray_layout.model.costs import UnitCosts
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 from search.cost_model import build_cost_model
 from search.evaluate import memory, stage_times, tail_ms
-from search.schedule import Compute, P2PCall, compile_schedule
+from search.pipeline_ops import Compute, P2PCall, ScheduleShape
+from search.schedule import compile_schedule
 from search.simulator import simulate
 from search.space import LayoutSpace
 
@@ -50,7 +52,7 @@ def synthetic_log(
     likewise: the step pays it on every rank, the gradient-sync and optimizer timers do not
     show it (Megatron times neither the iteration's launches nor its logging)."""
     run = replace(parallel, pp=layout.pp, vpp=layout.vpp)
-    program = compile_schedule(run.pp, run.vpp, num_microbatches)
+    program = compile_schedule(ScheduleShape(run.pp, run.vpp, num_microbatches))
     cost_model = build_cost_model(model, run, costs, num_microbatches)
     space, cuts = LayoutSpace.holding(layout)
     counts = space.unit_counts(cuts[None], cost_model.units, cost_model.moe_pattern)

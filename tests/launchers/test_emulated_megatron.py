@@ -23,6 +23,7 @@ from launchers.emulated.rank_costs import rank_costs
 from ray_layout.errors import EXIT_BAD_INPUT, EXIT_FAILURE
 from ray_layout.measure.log_records import steady_intervals
 from ray_layout.measure.logs import parse_log
+from search.pipeline_ops import ScheduleShape
 from search.schedule import compile_schedule
 from search.simulator import simulate, stage_durations
 from tests.helpers.launchers_emulated import H200, HANDBOOK, ITERATIONS, MICROBATCHES
@@ -109,7 +110,7 @@ def test_four_ranks_print_megatrons_logs(tmp_path):
     config = run_config(HANDBOOK, 4)
     tails = [rank_costs(config, costs, rank) for rank in range(4)]
     predicted = simulate(
-        compile_schedule(4, 1, MICROBATCHES),
+        compile_schedule(ScheduleShape(4, 1, MICROBATCHES)),
         stage_durations(stage_forward),
         stage_durations(stage_backward),
         np.full(4, costs.p2p_intra_node_ms),
@@ -152,8 +153,8 @@ def test_out_of_memory_rank_exits_1_and_the_others_do_not_hang(tmp_path):
     assert "(after 1 iterations)" not in (tmp_path / "3.out").read_text()
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_an_interleaved_job_keeps_the_simulators_step_with_its_p2p_mode(tmp_path, overlap):
+@pytest.mark.parametrize("p2p_overlap", [True, False])
+def test_an_interleaved_job_keeps_the_simulators_step_with_its_p2p_mode(tmp_path, p2p_overlap):
     """VPP 2 on PP 4, no jitter, transfers of 4 ms (a third of a layer's forward): Megatron's
     default overlapped p2p (the order traced from megatron-core's schedule) and the blocking
     one each run within 2% of the simulator's step on the emulator's own profile."""
@@ -161,18 +162,18 @@ def test_an_interleaved_job_keeps_the_simulators_step_with_its_p2p_mode(tmp_path
     profile = tmp_path / "p2p.yaml"
     profile.write_text(yaml.safe_dump(raw))
     layout = ["--pipeline-model-parallel-layout", "Ett|tt|tt|tt|tt|tt|tt|ttmL"]
-    argv = [*HANDBOOK, *layout, *([] if overlap else ["--no-overlap-p2p-communication"])]
+    argv = [*HANDBOOK, *layout, *([] if p2p_overlap else ["--no-overlap-p2p-communication"])]
     with ranks(argv, 4, profile, tmp_path) as processes:
         codes = wait_all(processes, timeout=150)
     assert codes == [0, 0, 0, 0], [(tmp_path / f"{r}.err").read_text() for r in range(4)]
     config = run_config(argv, 4)
-    assert config.overlap_p2p is overlap
+    assert config.p2p_overlap is p2p_overlap
     costs = load_profile(profile).costs
     per_rank = [rank_costs(config, costs, rank) for rank in range(4)]
     forward = [per_rank[s % 4].forward_ms[s // 4] for s in range(8)]
     backward = [per_rank[s % 4].backward_ms[s // 4] for s in range(8)]
     predicted = simulate(
-        compile_schedule(4, 2, MICROBATCHES, 4, overlap_p2p=overlap),
+        compile_schedule(ScheduleShape(4, 2, MICROBATCHES, 4, p2p_overlap=p2p_overlap)),
         stage_durations(forward),
         stage_durations(backward),
         np.full(4, costs.p2p_intra_node_ms),
@@ -208,7 +209,7 @@ def test_a_combined_1f1b_job_keeps_the_simulators_step(tmp_path):
     hidden = np.array([[value] for rank in per_rank for row in rank.hidden_ms for value in row])
     assert (hidden > 0).all()
     predicted = simulate(
-        compile_schedule(2, 2, MICROBATCHES, 2, overlap_p2p=True, combined=True),
+        compile_schedule(ScheduleShape(2, 2, MICROBATCHES, 2, p2p_overlap=True, combined=True)),
         stage_durations(forward),
         stage_durations(backward),
         np.full(2, costs.p2p_intra_node_ms),

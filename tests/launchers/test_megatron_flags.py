@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launchers.megatron import MegatronRunSettings, megatron_arguments
-from launchers.megatron_flags import TUNER_OWNED, cost_flags
+from launchers.megatron_flags import TUNER_OWNED
 from ray_layout.commands.main import main
 from ray_layout.errors import ConfigError
 from ray_layout.model.baselines import count_based
@@ -234,10 +234,12 @@ def test_the_study_id_follows_the_flags_that_change_unit_costs():
     plain = study_id(recipe, backend)
     with_lr = replace(recipe, megatron_args=("--lr", "3e-4"))
     assert study_id(with_lr, backend) == plain  # the learning rate costs nothing
-    for flags in (("--recompute-granularity", "full"), ("--fp8-format", "hybrid"),
+    full = ("--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", "1")  # fmt: skip
+    for flags in (full, ("--fp8-format", "hybrid"),
                   ("--attention-backend", "flash"), ("--moe-router-dtype", "fp32"),
                   ("--overlap-grad-reduce",), ("--fp16",)):  # fmt: skip
-        assert cost_flags(flags) == flags
+        assert replace(recipe, megatron_args=flags).flags.cost_words == flags
         assert study_id(replace(recipe, megatron_args=flags), backend) != plain, flags
     nccl = replace(recipe, environment=(("NCCL_ALGO", "Ring"),))
     assert study_id(nccl, backend) != plain  # an export changes what runs measure

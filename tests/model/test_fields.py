@@ -1,6 +1,6 @@
-"""The model fields' table: its facts agree with ModelSpec, a model written as its flags reads
-back as the same model (Megatron's argparse judging the words), ``--moe-layer-freq`` round-trips,
-and a bad value is one line naming the field."""
+"""The model fields: a model given only its required fields is ModelSpec's defaults, a model
+written as its flags reads back as the same model (Megatron's argparse judging the words),
+``--moe-layer-freq`` round-trips, and a bad value is one line naming the field."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ray_layout.model.fields import (
     MAX_DIMENSION,
     MAX_LAYERS,
     MODEL_FIELDS,
+    ModelSpec,
     checked,
     model_flags,
     moe_layer_freq_flag,
@@ -25,26 +26,20 @@ from ray_layout.model.fields import (
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
-from ray_layout.model.spec import ModelSpec
+from ray_layout.model.spec import build_recipe
 from tests.helpers.megatron_arguments_oracle import parse_megatron_args
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.paths import HF_CONFIGS
 
 
-def test_model_fields_table_agrees_with_model_spec():
-    """ModelSpec's own defaults are the table's, and every table key reaches build_recipe."""
-    from dataclasses import MISSING, fields
-
-    from ray_layout.model.fields import FIELD, MODEL_KEYS, REQUIRED
-    from ray_layout.model.spec import MLAConfig, ModelSpec
-
-    derived = {"max_position_embeddings", "moe_router_topk"}  # 0 unless learned / MoE
-    for f in fields(ModelSpec):
-        if f.name in FIELD and f.default is not MISSING and f.name not in derived:
-            assert FIELD[f.name].default in (f.default, REQUIRED, None), f.name
-    spec_keys = {f.name for f in fields(ModelSpec)} | {f.name for f in fields(MLAConfig)}
-    inputs_only = {"group_query_attention", "multi_latent_attention", "moe_layer_freq"}
-    assert (spec_keys - {"moe_layer_pattern", "mla"}) | inputs_only == MODEL_KEYS
+def test_a_model_given_only_its_required_fields_has_model_specs_defaults():
+    """The loaders' defaults are the model's own: build_recipe fills in what ModelSpec does, but
+    for what it works out from the given fields."""
+    given = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32}
+    given |= {"vocab_size": 100}
+    derived = {"ffn_hidden_size": 128, "num_query_groups": 4, "kv_channels": 16}
+    model = build_recipe(given, source="c.yaml").model
+    assert model == ModelSpec(**given, **derived, moe_layer_pattern=(False, False))
 
 
 def words(flags: dict[str, object]) -> list[str]:

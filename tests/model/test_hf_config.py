@@ -9,8 +9,8 @@ import pytest
 
 from ray_layout.errors import ConfigError
 from ray_layout.model import sizing
+from ray_layout.model.fields import MLAConfig, ModelSpec
 from ray_layout.model.hf_config import load_hf_config
-from ray_layout.model.spec import MLAConfig, ModelSpec
 from tests.helpers.megatron_oracle import (
     MEGATRON_CPU_WARNINGS,
     megatron_core_takes,

@@ -10,12 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError
+from ray_layout.model.fields import MLAConfig, ModelSpec
 from ray_layout.model.megatron_recipe import (
     Overrides,
     load_megatron_command_line,
     load_megatron_script,
 )
-from ray_layout.model.spec import MLAConfig, ModelSpec, ParallelConfig
+from ray_layout.model.spec import ParallelConfig
 from ray_layout.model.split import PipelineSplit
 from tests.helpers.paths import TEST_DATA
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from ray_layout.model import sizing
-from ray_layout.model.spec import ModelSpec, build_recipe
+from ray_layout.model.fields import ModelSpec
+from ray_layout.model.spec import build_recipe
 from tests.helpers.megatron_oracle import (
     MEGATRON_CPU_WARNINGS,
     build_gpt_model,

@@ -1,6 +1,6 @@
 """parse_moe_layer_freq: Megatron's pattern expressions, and never anything but ConfigError; a
 config file's errors: one line naming it (a wrong type for a section, keys that are not text or
-come twice, a value too long to quote whole)."""
+come twice, a value too long to quote whole); what build_recipe works out (top-k routing)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError
+from ray_layout.model.fields import model_flags
+from ray_layout.model.megatron_args import megatron_flag_table
 from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
 from ray_layout.model.spec import build_recipe, load_recipe_file
 
@@ -167,3 +169,20 @@ def test_quick_geglu_takes_the_place_of_swiglu_and_softmax_type_is_checked():
         build_recipe(base | {"quick_geglu": True, "swiglu": True}, source="t")
     with pytest.raises(ConfigError, match="softmax_type must be one of vanilla, off-by-one, learn"):
         build_recipe(base | {"softmax_type": "sinks"}, source="t")
+
+
+def test_a_moe_model_routes_to_megatrons_top_k_unless_given_and_a_dense_one_has_no_router():
+    """Left out, top-k is what Megatron's parser defaults --moe-router-topk to; a dense model
+    holds 0 (nothing reads it), writes no flag and refuses one; a MoE model's 0 is refused."""
+    base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 8,
+            "vocab_size": 64}  # fmt: skip
+    moe = build_recipe(base | {"num_experts": 4}, source="t").model
+    assert moe.moe_router_topk == megatron_flag_table()["--moe-router-topk"]["default"] == 2
+    given = build_recipe(base | {"num_experts": 4, "moe_router_topk": 1}, source="t").model
+    assert given.moe_router_topk == 1
+    dense = build_recipe(base, source="t").model
+    assert dense.moe_router_topk == 0 and model_flags(dense)["--moe-router-topk"] is None
+    with pytest.raises(ConfigError, match=r"^t: moe_router_topk set but num_experts is 0$"):
+        build_recipe(base | {"moe_router_topk": 2}, source="t")
+    with pytest.raises(ConfigError, match="moe_router_topk 0 must be between 1 and num_experts 4"):
+        build_recipe(base | {"num_experts": 4, "moe_router_topk": 0}, source="t")

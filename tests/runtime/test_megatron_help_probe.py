@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ray_layout.ab.stats import ABConfig
 from ray_layout.errors import ConfigError
 from ray_layout.measure.store import CostStore
 from ray_layout.model.megatron_args import _FLAG_TABLE, megatron_flag_table
@@ -140,7 +139,7 @@ def test_the_cluster_table_is_read_on_a_worker_cached_and_checks_flags(ray_clust
     again = cluster_flag_table(_backend(megatron), store, "s1")
     assert again.flags.keys() == flags.flags.keys() and again.note is None
 
-    settings = TuneSettings(_backend(megatron), store.root, "s1", None, tmp_path, 4, ABConfig())
+    settings = TuneSettings(_backend(megatron), store.root, "s1", None, tmp_path, 4)
     said: list[str] = []
     phases = type("Phases", (), {"say": staticmethod(said.append)})()
     check_cluster_flags([[NEW_FLAG, "1", "2"], ["--num-layers", "4"]], settings, store, phases)

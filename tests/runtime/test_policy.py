@@ -1,5 +1,5 @@
 """One run policy, one set of defaults: RunPolicy checks itself, every settings class nests it
-whole rather than copying its fields, and the flags that build it take its defaults."""
+whole rather than copying its fields, and its fields are the flags that build it."""
 
 from __future__ import annotations
 
@@ -16,14 +16,13 @@ import ray_layout
 from ray_layout.commands import profile as profile_command
 from ray_layout.commands.common import command_parser
 from ray_layout.commands.flags import from_args
-from ray_layout.commands.profile import RunPolicyFlags
 from ray_layout.commands.tune import TuneFlags, build_parser, tune_settings
 from ray_layout.errors import ConfigError
 from ray_layout.model.loading import load_recipe
 from ray_layout.runtime.layout_runs import RunOptions, run_layouts
 from ray_layout.runtime.policy import RunPolicy
 from ray_layout.runtime.run_spec import RunSpec
-from ray_layout.tuning.settings import TuneSettings
+from ray_layout.tuning.settings import TuneOptions
 
 CONFIG = "configs/handbook_7b_a1b.yaml"
 POLICY_FIELDS = {item.name: item for item in fields(RunPolicy)}
@@ -51,21 +50,35 @@ def _dataclasses_of(package) -> list[type]:
 def test_a_policy_refuses_what_no_run_could_keep():
     assert RunPolicy(timeout_s=1, heartbeat_s=0.5, max_retries=0).timeout_s == 1
     for name in ("timeout_s", "heartbeat_s", "placement_timeout_s", "stop_grace_s"):
-        for bad in (0, -1.0, math.nan, math.inf, True, "60"):
-            with pytest.raises(ConfigError, match=f"{name} must be a finite number of seconds"):
+        for bad in (True, "60", None):
+            with pytest.raises(ConfigError, match=f"^{name} must be a finite number of seconds"):
                 RunPolicy(**{name: bad})
-    for bad in (-1, 1.5, True, None):
-        with pytest.raises(ConfigError, match="max_retries must be a whole number >= 0"):
+    for bad in (0, -1.0, math.nan, math.inf):
+        with pytest.raises(ConfigError, match=r"^stop_grace_s must be a finite number of seconds"):
+            RunPolicy(stop_grace_s=bad)
+    for bad in (1.5, True, None):
+        with pytest.raises(ConfigError, match=r"^max_retries must be a whole number >= 0"):
             RunPolicy(max_retries=bad)
 
 
+def test_a_value_a_flag_refuses_is_refused_in_the_flag_s_words():
+    """Built in code or from the command line, a policy says which flag a bad value is for."""
+    with pytest.raises(ConfigError, match=r"^--max-retries must be >= 0, got -1$"):
+        RunPolicy(max_retries=-1)
+    for name in ("timeout_s", "heartbeat_s", "placement_timeout_s"):
+        flag = "--" + name.replace("_", "-")
+        for bad, problem in ((0, "must be positive"), (math.inf, "must be a finite number")):
+            with pytest.raises(ConfigError, match=f"^{flag} {problem}, got {bad}$"):
+                RunPolicy(**{name: bad})
+
+
 def test_no_settings_class_keeps_a_policy_default_of_its_own():
-    """A field named like a policy field outside RunPolicy is a copy; only the flags may have
-    one, and only with the policy's own default."""
+    """A field named like a policy field outside RunPolicy, with a default of its own, is a
+    copy that drifts from the policy."""
     classes = _dataclasses_of(ray_layout)
     names = {kind.__qualname__ for kind in classes}
-    expected = {"TuneFlags", "ProfileSettings", "RunPolicyFlags"}
-    expected |= {"TuneSettings", "RunOptions", "RunSpec", "RunPolicy"}
+    expected = {"TuneFlags", "ProfileSettings", "TuneOptions", "TuneSettings"}
+    expected |= {"RunOptions", "RunSpec", "RunPolicy"}
     assert expected <= names
     copies = []
     for kind in classes:
@@ -78,7 +91,7 @@ def test_no_settings_class_keeps_a_policy_default_of_its_own():
     assert copies == []
 
 
-@pytest.mark.parametrize("kind", [TuneSettings, RunOptions, RunSpec])
+@pytest.mark.parametrize("kind", [TuneOptions, RunOptions, RunSpec])
 def test_the_settings_that_carry_a_policy_nest_it_whole(kind):
     policy = next(item for item in fields(kind) if item.name == "policy")
     assert get_type_hints(kind)["policy"] is RunPolicy
@@ -86,42 +99,27 @@ def test_the_settings_that_carry_a_policy_nest_it_whole(kind):
     assert not POLICY_FIELDS.keys() & {item.name for item in fields(kind)}
 
 
-@pytest.mark.parametrize("kind", [TuneFlags, profile_command.ProfileSettings])
-def test_each_command_that_runs_builds_its_policy_from_one_flags_section(kind):
-    sections = [item for item in fields(kind) if get_type_hints(kind)[item.name] is RunPolicyFlags]
-    assert len(sections) == 1
-
-
-def test_the_policy_flags_are_the_policy_s_fields_with_its_defaults():
-    assert {item.name for item in fields(RunPolicyFlags)} <= POLICY_FIELDS.keys()
-    assert RunPolicyFlags().policy() == RunPolicy()
-
-
-def test_the_tune_s_flags_take_the_driver_s_defaults():
-    """Code that builds TuneSettings itself (the benchmarks) tunes as the command does."""
-    driver = {item.name: item for item in fields(TuneSettings)}
-    shared = [item for item in fields(TuneFlags) if item.name in driver]
-    assert {item.name for item in shared} >= {"ab_top", "profile_iters", "samples", "seed"}
-    for item in shared:
-        if _default(driver[item.name]) is not MISSING:
-            assert _default(item) == _default(driver[item.name]), item.name
-
-
 def test_flags_build_one_policy_for_the_tune_and_the_profile_command(tmp_path):
     given = ["--timeout-s", "5", "--heartbeat-s", "2.5", "--max-retries", "0",
              "--placement-timeout-s", "7"]  # fmt: skip
     wanted = RunPolicy(timeout_s=5, heartbeat_s=2.5, max_retries=0, placement_timeout_s=7)
     flags = from_args(TuneFlags, build_parser().parse_args([CONFIG, *given]))
-    assert tune_settings(flags, load_recipe(CONFIG), 4).policy == wanted
+    assert tune_settings(flags, load_recipe(CONFIG), 4).options.policy == wanted
     untouched = from_args(TuneFlags, build_parser().parse_args([CONFIG]))
-    assert tune_settings(untouched, load_recipe(CONFIG), 4).policy == RunPolicy()
+    assert tune_settings(untouched, load_recipe(CONFIG), 4).options.policy == RunPolicy()
     kind = profile_command.ProfileSettings
     parser = command_parser(kind, "profile", "profile")
     store = ["--store", str(tmp_path / "store")]
-    assert from_args(kind, parser.parse_args([CONFIG, *store, *given])).runs.policy() == wanted
-    assert from_args(kind, parser.parse_args([CONFIG, *store])).runs.policy() == RunPolicy()
+    assert from_args(kind, parser.parse_args([CONFIG, *store, *given])).policy == wanted
+    assert from_args(kind, parser.parse_args([CONFIG, *store])).policy == RunPolicy()
     with pytest.raises(ConfigError, match="--max-retries must be >= 0"):
         from_args(kind, parser.parse_args([CONFIG, *store, "--max-retries", "-1"]))
+
+
+def test_the_policy_s_flags_are_its_fields_in_the_runs_section_but_the_grace_period():
+    text = build_parser().format_help()
+    assert "runs:\n  --timeout-s TIMEOUT_S\n                        one attempt of a run" in text
+    assert "--stop-grace-s" not in text
 
 
 def test_run_layouts_takes_its_settings_by_name():

@@ -20,7 +20,8 @@ from search.bounds import (
     suffix_minmax,
     water_levels,
 )
-from search.schedule import BACKWARD, compile_schedule
+from search.pipeline_ops import BACKWARD, ScheduleShape
+from search.schedule import compile_schedule
 from search.space import LayoutSpace
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.megatron_schedule_oracle import megatron_order
@@ -78,17 +79,17 @@ def test_water_levels_of_equal_rates_share_the_work_evenly():
     [(2, 1, 1, 2), (4, 1, 3, 4), (4, 1, 8, 4), (4, 2, 8, 4), (4, 2, 12, 6), (3, 3, 6, 3)],
 )
 def test_forwards_before_the_first_backward_are_megatron_cores(pp, vpp, microbatches, group):
-    program = compile_schedule(pp, vpp, microbatches, group)
-    counts = forwards_before_first_backward(program)
+    shape = ScheduleShape(pp, vpp, microbatches, group)
+    counts = forwards_before_first_backward(compile_schedule(shape))
     for rank in range(pp):
-        order = megatron_order(pp, rank, vpp, microbatches, group)
+        order = megatron_order(shape, rank)
         assert counts[rank] == next(i for i, op in enumerate(order) if op.kind == BACKWARD)
 
 
 def test_the_schedule_picks_its_bound():
     cost_model = toy_cost_model(4, 2, 8)
     for vpp, kind in ((1, OneFOneBBound), (2, InterleavedBound)):
-        space, program = LayoutSpace(16, 1, 4, vpp), compile_schedule(4, vpp, 8)
+        space, program = LayoutSpace(16, 1, 4, vpp), compile_schedule(ScheduleShape(4, vpp, 8))
         assert isinstance(bound_for(space, program, cost_model, item_sums(cost_model, space)), kind)
 
 
@@ -105,7 +106,7 @@ def test_one_f_one_b_bounds_never_exceed_the_simulated_step(
     layers, pp, microbatches, unit, p2p, tail
 ):
     space = LayoutSpace(layers, 1, pp)
-    program = compile_schedule(pp, 1, microbatches)
+    program = compile_schedule(ScheduleShape(pp, 1, microbatches))
     cost_model = toy_cost_model(
         pp, 1, microbatches, layers=layers, forward=unit, p2p=p2p, tail_ms_per_gparam=tail
     )
@@ -137,23 +138,23 @@ def test_one_f_one_b_bounds_never_exceed_the_simulated_step(
     unit=st.tuples(*(st.integers(0, 4) for _ in range(4))),
     p2p=st.sampled_from((0.0, 0.5, 3.0)),
     tail=st.sampled_from((0.0, 5.0, 40.0)),
-    overlap=st.booleans(),
+    p2p_overlap=st.booleans(),
 )
 # E|t|tt|tL: micro-batch 0's hops to a rank were counted twice, and the p2p calls a rank makes
 # before its last chunk's first forward were counted on top of micro-batch 0's way there
 @example(
-    layers=4, pp=2, vpp=2, groups=2, mtp=0, unit=(0, 0, 4, 0), p2p=0.5, tail=5.0, overlap=False
+    layers=4, pp=2, vpp=2, groups=2, mtp=0, unit=(0, 0, 4, 0), p2p=0.5, tail=5.0, p2p_overlap=False
 )
 @example(
-    layers=4, pp=3, vpp=2, groups=1, mtp=1, unit=(0, 1, 0, 0), p2p=3.0, tail=40.0, overlap=False
+    layers=4, pp=3, vpp=2, groups=1, mtp=1, unit=(0, 1, 0, 0), p2p=3.0, tail=40.0, p2p_overlap=False
 )
 def test_interleaved_bounds_never_exceed_the_simulated_step(
-    layers, pp, vpp, groups, mtp, unit, p2p, tail, overlap
+    layers, pp, vpp, groups, mtp, unit, p2p, tail, p2p_overlap
 ):
     """Along every layout's path through the tree, each node's bound is at most its step (also
     with the layout's own step as the threshold: a tie is never pruned), with blocking and with
     overlapped p2p."""
-    case = toy_case(layers, mtp, pp, vpp, groups * pp, unit, p2p, tail, overlap)
+    case = toy_case(layers, mtp, pp, vpp, groups * pp, unit, p2p, tail, p2p_overlap)
     if case is None:
         return
     space, program, cost_model, cuts, steps = case

@@ -13,6 +13,7 @@ from ray_layout.model.spec import build_recipe, load_recipe_file, with_parallel
 from search.cost_model import build_cost_model, in_flight_at_peak, p2p_links
 from search.evaluate import memory, stage_times, tail_ms
 from search.memory import stage_memory
+from search.pipeline_ops import ScheduleShape
 from search.planner import _layout_counts
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
@@ -20,9 +21,14 @@ COSTS = load_costs("configs/costs/handbook_h200_example.json")
 
 
 def test_in_flight_matches_megatron_counts():
-    assert in_flight_at_peak(4, 1, 8)[:, 0].tolist() == [4, 3, 2, 1]  # min(PP - r, M)
-    assert in_flight_at_peak(4, 1, 2)[:, 0].tolist() == [2, 2, 2, 1]
-    interleaved = in_flight_at_peak(4, 2, 8)
+    assert in_flight_at_peak(ScheduleShape(4, 1, 8))[:, 0].tolist() == [
+        4,
+        3,
+        2,
+        1,
+    ]  # min(PP - r, M)
+    assert in_flight_at_peak(ScheduleShape(4, 1, 2))[:, 0].tolist() == [2, 2, 2, 1]
+    interleaved = in_flight_at_peak(ScheduleShape(4, 2, 8))
     assert interleaved[0].tolist() == [7, 4]
     # Megatron's interleaved first-stage factor: (1 + (PP - 1)/(PP V)) x PP micro-batches of a
     # full rank's activations = 4 + 3/2 = 5.5 ranks' worth = 11 chunk-micro-batches.

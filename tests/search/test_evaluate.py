@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from search.evaluate import monte_carlo, score, standard_normals
+from search.pipeline_ops import ScheduleShape
 from search.schedule import compile_schedule
 from search.simulator import simulate, stage_durations
 from search.space import LayoutSpace
@@ -20,7 +21,7 @@ def counts_of(space: LayoutSpace, cuts: list[tuple[int, ...]]) -> np.ndarray:
 
 def test_batch_scores_equal_one_layout_at_a_time():
     space = LayoutSpace(16, 1, 4)
-    program = compile_schedule(4, 1, 8)
+    program = compile_schedule(ScheduleShape(4, 1, 8))
     model = toy_cost_model(4)
     cuts = np.concatenate(list(space.cut_blocks()))
     batch = score(program, model, space.unit_counts(cuts, UNITS, model.moe_pattern))
@@ -32,7 +33,7 @@ def test_batch_scores_equal_one_layout_at_a_time():
 
 def test_noise_free_step_is_the_schedule_of_the_stage_sums():
     space = LayoutSpace(16, 1, 4)
-    program = compile_schedule(4, 1, 8)
+    program = compile_schedule(ScheduleShape(4, 1, 8))
     model = toy_cost_model(4, tail_ms_per_gparam=0.0)
     counts = counts_of(space, [(6, 12, 17)])  # Et*5|t*6|t*5|mL
     f = [1 + 50, 60, 50, 14 + 38]
@@ -44,7 +45,7 @@ def test_noise_free_step_is_the_schedule_of_the_stage_sums():
 def test_two_equal_bottlenecks_lose_more_to_jitter_than_one():
     """The seed study's lesson: with per-op noise, two equally slow stages push the mean step
     further above the noise-free prediction than one slow stage does."""
-    program = compile_schedule(4, 1, 16)
+    program = compile_schedule(ScheduleShape(4, 1, 16))
     normals = standard_normals(program, 2000, seed=1)
     space = LayoutSpace(14, 0, 4)
     model = toy_cost_model(4, layers=14, forward=(0.0, 10.0, 0.0, 0.0), jitter=0.1, p2p=0.0,
@@ -59,7 +60,7 @@ def test_two_equal_bottlenecks_lose_more_to_jitter_than_one():
 
 
 def test_monte_carlo_mean_never_below_noise_free_on_average():
-    program = compile_schedule(4, 1, 8)
+    program = compile_schedule(ScheduleShape(4, 1, 8))
     space = LayoutSpace(16, 1, 4)
     model = toy_cost_model(4, jitter=0.05)
     counts = counts_of(space, [(6, 12, 17), (5, 10, 15)])
@@ -70,7 +71,7 @@ def test_monte_carlo_mean_never_below_noise_free_on_average():
 
 
 def test_memory_adds_logits_on_last_rank_and_copies_for_standalone_mtp():
-    program = compile_schedule(4, 1, 8)
+    program = compile_schedule(ScheduleShape(4, 1, 8))
     space = LayoutSpace(16, 1, 4, allow_standalone_mtp=True)
     model = toy_cost_model(4)
     kept, alone = counts_of(space, [(6, 12, 17)]), counts_of(space, [(6, 12, 18)])

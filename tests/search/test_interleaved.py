@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from search.interleaved import InterleavedRank, interleaved_warmup, schedule_table
+from search.interleaved import InterleavedRank, schedule_table
+from search.pipeline_ops import ScheduleShape
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in MEGATRON_CPU_WARNINGS]
@@ -30,11 +31,12 @@ def test_warmup_is_get_pp_rank_microbatches(pp, vpp, microbatches, group):
         _, all_warmup, warmup, _ = schedules.get_pp_rank_microbatches(
             microbatches, vpp, group, p2p_communicator=communicator
         )
-        assert interleaved_warmup(pp, rank, vpp, microbatches, group) == (warmup, all_warmup)
+        at = InterleavedRank(ScheduleShape(pp, vpp, microbatches, group), rank)
+        assert at.warmup == (warmup, all_warmup)
 
 
 def test_the_first_rank_receives_nothing_until_the_ring_has_filled():
-    at = InterleavedRank(pp=4, rank=0, vpp=2, num_microbatches=8, group_size=4)
+    at = InterleavedRank(ScheduleShape(4, 2, 8, 4), rank=0)
     assert [at.receives(k, True) for k in range(6)] == [False, False, False, True, True, True]
     assert at.forward(4)[0].chunk == 1 and at.backward(0)[0].chunk == 1
     assert at.backward(4)[1] is None  # chunk 0's gradient on rank 0 goes nowhere

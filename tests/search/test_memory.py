@@ -10,6 +10,7 @@ import pytest
 from ray_layout.model.costs import costs_from_flops, load_costs
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import memory_settings
 from ray_layout.model.sizing import (
     GIB,
     GRAD_BYTES,
@@ -29,7 +30,6 @@ from search.memory import (
     stage_memory,
     static_bytes,
 )
-from search.memory_settings import memory_settings
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 COSTS = load_costs("configs/costs/handbook_h200_example.json")

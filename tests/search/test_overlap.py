@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.overlap import interleaved_overlap_ops, overlap_p2p_comm, unsimulated
-from search.schedule import Compute, P2PCall, compile_schedule, compute_order
+from search.overlap import interleaved_overlap_ops
+from search.pipeline_ops import Compute, P2PCall, ScheduleShape
+from search.schedule import compile_schedule, compute_order
 from search.simulator import simulate
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.megatron_schedule_oracle import megatron_ops
@@ -32,22 +33,22 @@ def interleaved_sizes(draw):
 def test_every_rank_posts_and_waits_as_megatron_core_does(sizes):
     """Computations, blocking calls, posts and waits, each wait naming its post: the calls
     with nothing to move (Megatron runs only their timers) are left out of the simulator's."""
-    pp, vpp, microbatches, group = sizes
-    for rank in range(pp):
+    shape = ScheduleShape(*sizes, p2p_overlap=True)
+    for rank in range(shape.pp):
         expected = [
             op
-            for op in megatron_ops(pp, rank, vpp, microbatches, group, overlap_p2p=True)
+            for op in megatron_ops(shape, rank)
             if not (isinstance(op, P2PCall) and not op.transfers)
         ]
-        assert interleaved_overlap_ops(pp, rank, vpp, microbatches, group) == expected
+        assert interleaved_overlap_ops(shape, rank) == expected
 
 
 def test_overlap_keeps_the_computations_and_their_order():
-    program = compile_schedule(4, 2, 8, 4, overlap_p2p=True)  # raises if the calls deadlock
+    shape = ScheduleShape(4, 2, 8, 4, p2p_overlap=True)
+    program = compile_schedule(shape)  # raises if the calls deadlock
     computes = [op for op in program.ops if isinstance(op, Compute)]
-    assert computes == [op for ops in compute_order(4, 2, 8, 4) for op in ops]
-    assert program.overlap_p2p and len(program.order) == len(program.ops)
-    assert not compile_schedule(4, 1, 8, overlap_p2p=True).overlap_p2p  # 1F1B always blocks
+    assert computes == [op for ops in compute_order(ScheduleShape(4, 2, 8, 4)) for op in ops]
+    assert program.shape.p2p_overlap and len(program.order) == len(program.ops)
 
 
 def _steps(sizes, seed: int, links_ms: float):
@@ -60,8 +61,8 @@ def _steps(sizes, seed: int, links_ms: float):
     backward = rng.integers(0, 9, (stages, batch)).astype(float)
     links = rng.integers(0, 3, (pp, batch)) * links_ms
     tail = rng.integers(0, 20, (pp, batch)).astype(float)
-    blocking = compile_schedule(pp, vpp, microbatches, group)
-    overlapped = compile_schedule(pp, vpp, microbatches, group, overlap_p2p=True)
+    blocking = compile_schedule(ScheduleShape(pp, vpp, microbatches, group))
+    overlapped = compile_schedule(ScheduleShape(pp, vpp, microbatches, group, p2p_overlap=True))
     times = simulate(overlapped, forward, backward, links, tail)
     free = simulate(overlapped, forward, backward, np.zeros_like(links), tail).step
     return (
@@ -92,16 +93,9 @@ def test_overlap_sits_between_the_compute_only_bound_and_blocking_plus_one_trans
 
 def test_a_vpp_2_pipeline_with_visible_p2p_is_faster_overlapped():
     """PP 4, VPP 2, 8 micro-batches, equal stages, each transfer a third of a forward."""
-    program = {o: compile_schedule(4, 2, 8, 4, overlap_p2p=o) for o in (False, True)}
+    program = {o: compile_schedule(ScheduleShape(4, 2, 8, 4, p2p_overlap=o)) for o in (False, True)}
     forward, backward = np.full((8, 1), 3.0), np.full((8, 1), 6.0)
     links = np.full(4, 1.0)
     step = {o: simulate(p, forward, backward, links).step[0] for o, p in program.items()}
     free = simulate(program[True], forward, backward, np.zeros(4)).step[0]
     assert free < step[True] < step[False]
-
-
-def test_the_jobs_flags_select_the_p2p_mode_and_name_what_is_not_simulated():
-    assert overlap_p2p_comm([]) and not overlap_p2p_comm(["--no-overlap-p2p-communication"])
-    assert unsimulated(["--no-overlap-p2p-communication"]) == ()
-    assert unsimulated(["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]) == ()
-    assert "warm-up" in unsimulated(["--overlap-p2p-communication-warmup-flush"])[0]

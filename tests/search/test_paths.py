@@ -31,14 +31,14 @@ from tests.helpers.planner_fixtures import toy_case
     p2p=st.sampled_from((0.0, 0.4)),
     tail=st.sampled_from((0.0, 5.0)),
     seed=st.integers(0, 2**16),
-    overlap=st.booleans(),
+    p2p_overlap=st.booleans(),
 )
 def test_a_critical_path_is_exact_for_its_layout_and_a_bound_for_every_other(
-    layers, pp, vpp, unit, p2p, tail, seed, overlap
+    layers, pp, vpp, unit, p2p, tail, seed, p2p_overlap
 ):
     """Blocking and overlapped p2p alike: a wait on the path is its post's transfer or the
     rank's previous op."""
-    case = toy_case(layers, 1, pp, vpp, 2 * pp, unit, p2p, tail, overlap)
+    case = toy_case(layers, 1, pp, vpp, 2 * pp, unit, p2p, tail, p2p_overlap)
     if case is None:
         return
     space, program, cost_model, cuts, steps = case

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from search.bounds import item_sums
 from search.evaluate import stage_times, tail_ms
 from search.paths import PathCut, combine, critical_paths, least_completions
+from search.pipeline_ops import ScheduleShape
 from search.relaxation import relax
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
@@ -34,11 +35,13 @@ def seeds_of(space, program, model, cuts: np.ndarray) -> list[PathCut]:
                                       tails[row])[1]]  # fmt: skip
 
 
-def random_space(layers, pp, vpp, mtp, standalone, microbatches, unit, p2p, tail, overlap=False):
+def random_space(
+    layers, pp, vpp, mtp, standalone, microbatches, unit, p2p, tail, p2p_overlap=False
+):
     space = LayoutSpace(layers, mtp, pp, vpp, allow_standalone_mtp=standalone and mtp > 0)
     if space.count().total == 0:
         return None
-    program = compile_schedule(pp, vpp, microbatches, overlap_p2p=overlap)
+    program = compile_schedule(ScheduleShape(pp, vpp, microbatches, p2p_overlap=p2p_overlap))
     model = toy_cost_model(pp, vpp, microbatches, layers=layers, forward=unit, p2p=p2p,
                            tail_ms_per_gparam=tail)  # fmt: skip
     return space, program, model
@@ -56,17 +59,17 @@ def random_space(layers, pp, vpp, mtp, standalone, microbatches, unit, p2p, tail
     p2p=st.sampled_from((0.0, 0.4, 3.0)),
     tail=st.sampled_from((0.0, 5.0, 40.0)),
     seed=st.integers(0, 2**16),
-    overlap=st.booleans(),
+    p2p_overlap=st.booleans(),
 )
 def test_the_relaxation_and_its_mixed_path_never_exceed_a_simulated_step(
-    layers, pp, vpp, mtp, standalone, groups, unit, p2p, tail, seed, overlap
+    layers, pp, vpp, mtp, standalone, groups, unit, p2p, tail, seed, p2p_overlap
 ):
     """For every layout of random small spaces, 1F1B and interleaved, with and without p2p and
     tails, blocking and overlapped p2p: the relaxation's bound and the mixed path's length stay
     at or below the plain
     simulator's step, and the mixed path's least completion under any placed prefix stays at
     or below every layout of that subtree."""
-    case = random_space(layers, pp, vpp, mtp, standalone, groups * pp, unit, p2p, tail, overlap)
+    case = random_space(layers, pp, vpp, mtp, standalone, groups * pp, unit, p2p, tail, p2p_overlap)
     if case is None:
         return
     space, program, model = case
@@ -102,7 +105,7 @@ def test_a_converged_relaxation_meets_a_fractional_layout_below_the_best():
     """Uniform layers on PP 4, VPP 2: the LP's optimum is a fractional layout's simulated step,
     at or below the best whole-layer layout, and within a few percent of it."""
     space = LayoutSpace(16, 1, 4, 2)
-    program = compile_schedule(4, 2, 8)
+    program = compile_schedule(ScheduleShape(4, 2, 8))
     model = toy_cost_model(4, 2, 8)
     cuts, steps = plain_steps(space, program, model)
     sums = item_sums(model, space)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from ray_layout.model.sizing import GIB
 from search.evaluate import score
+from search.pipeline_ops import ScheduleShape
 from search.planner import PlanOptions, ideal_step_ms
 from search.ranking import merge
 from search.schedule import compile_schedule
@@ -33,7 +34,7 @@ def test_enumeration_and_exact_search_find_the_plain_simulators_optimum(
     unit, vpp, p2p, jitter, tail
 ):
     space = LayoutSpace(7, 1, 3, vpp)
-    program = compile_schedule(3, vpp, 6)
+    program = compile_schedule(ScheduleShape(3, vpp, 6))
     model = toy_cost_model(
         3, vpp, 6, layers=7, forward=unit, p2p=p2p, jitter=jitter, tail_ms_per_gparam=tail
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from search.pipeline_ops import ScheduleShape
 from search.schedule import compile_schedule
 from search.simulator import simulate, stage_durations, timeline
 
@@ -14,7 +15,7 @@ from search.simulator import simulate, stage_durations, timeline
 def test_uniform_1f1b_closed_form(pp, microbatches):
     f, b = 1.5, 3.25
     times = simulate(
-        compile_schedule(pp, 1, microbatches),
+        compile_schedule(ScheduleShape(pp, 1, microbatches)),
         stage_durations([f] * pp),
         stage_durations([b] * pp),
         np.zeros(pp),
@@ -31,7 +32,7 @@ def test_uniform_interleaved_closed_form(pp, vpp, microbatches):
     f, b = 1.0, 2.0
     stages = pp * vpp
     times = simulate(
-        compile_schedule(pp, vpp, microbatches),
+        compile_schedule(ScheduleShape(pp, vpp, microbatches)),
         stage_durations([f / vpp] * stages),
         stage_durations([b / vpp] * stages),
         np.zeros(pp),
@@ -44,7 +45,7 @@ def test_hand_worked_heterogeneous_two_stages():
     rank 1 runs F0 [1,4] B0 [4,5]; its send_backward_recv_forward meets rank 0's
     send_forward_recv_backward (posted at 2) at 5; F1 [5,8] B1 [8,9]; rank 0 runs B0 [5,7],
     waits for grad 1 until 9, B1 [9,11]."""
-    program = compile_schedule(2, 1, 2)
+    program = compile_schedule(ScheduleShape(2, 1, 2))
     times = simulate(
         program, stage_durations([1, 3]), stage_durations([2, 1]), np.zeros(2), keep_events=True
     )
@@ -57,14 +58,14 @@ def test_hand_worked_heterogeneous_two_stages():
 
 def test_p2p_time_is_paid_on_every_transfer_of_the_critical_path():
     pp, m, f, b, p2p = 4, 8, 1.0, 2.0, 0.1
-    program = compile_schedule(pp, 1, m)
+    program = compile_schedule(ScheduleShape(pp, 1, m))
     free = simulate(program, stage_durations([f] * pp), stage_durations([b] * pp), np.zeros(pp))
     paid = simulate(program, stage_durations([f] * pp), stage_durations([b] * pp), np.full(pp, p2p))
     assert paid.step[0] > free.step[0] + 2 * (pp - 1) * p2p - 1e-9  # at least fill and drain
 
 
 def test_tail_adds_per_rank_after_the_pipeline():
-    program = compile_schedule(2, 1, 2)
+    program = compile_schedule(ScheduleShape(2, 1, 2))
     times = simulate(
         program,
         stage_durations([1, 3]),
@@ -77,7 +78,7 @@ def test_tail_adds_per_rank_after_the_pipeline():
 
 
 def test_batch_columns_are_independent():
-    program = compile_schedule(4, 1, 8)
+    program = compile_schedule(ScheduleShape(4, 1, 8))
     f = np.array([[1.0, 2.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
     batch = simulate(program, f, 2 * f, np.zeros(4)).step
     for column in range(2):
@@ -88,7 +89,7 @@ def test_batch_columns_are_independent():
 def test_noise_multiplies_each_compute_op():
     """Noise of 2 on every op of a free-p2p pipeline is every duration doubled; noise on one op
     (rows in op-id order) lengthens that op alone."""
-    program = compile_schedule(2, 1, 2)
+    program = compile_schedule(ScheduleShape(2, 1, 2))
     f, b = stage_durations([1, 3]), stage_durations([2, 1])
     plain = simulate(program, f, b, np.zeros(2), keep_events=True)
     doubled = simulate(program, f, b, np.zeros(2), noise=np.full((program.num_compute, 1), 2.0))
@@ -105,7 +106,7 @@ def test_noise_multiplies_each_compute_op():
 
 
 def test_the_timeline_names_ops_and_matches_the_simulated_ends():
-    program = compile_schedule(2, 2, 4)
+    program = compile_schedule(ScheduleShape(2, 2, 4))
     times = simulate(
         program,
         stage_durations([1, 1, 2, 2]),
@@ -124,7 +125,7 @@ def test_the_timeline_names_ops_and_matches_the_simulated_ends():
 
 
 def test_a_timeline_needs_the_events_kept():
-    program = compile_schedule(2, 1, 2)
+    program = compile_schedule(ScheduleShape(2, 1, 2))
     times = simulate(program, stage_durations([1, 3]), stage_durations([2, 1]), np.zeros(2))
     with pytest.raises(ValueError, match="keep_events=True"):
         timeline(program, times)

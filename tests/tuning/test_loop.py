@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import signal
@@ -114,7 +113,7 @@ def test_a_whole_tune_then_the_same_tune_again_from_the_store(ray_cluster, tmp_p
     won = next(a for a in summary.arms if a.status is ArmStatus.WON)
     assert won.layout == summary.pick and summary.flags == paste_flags(Layout.parse(won.layout, 2))
     for arm in arms:  # the fit's predictions hold; medians, as a loaded 2-core machine spikes
-        median = statistics.median(arm.steps_ms[settings.ab.warmup_iterations :])
+        median = statistics.median(arm.steps_ms[settings.options.ab.warmup_iterations :])
         assert median == pytest.approx(arm.predicted_ms, rel=0.15), arm
     assert summary.gpu_seconds_spent <= summary.gpu_seconds_full
     assert len(store.read("fits", study="whole")) == 2  # the fit, and the refit with the A/B
@@ -238,7 +237,7 @@ def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
 
 def test_an_interleaved_tune_runs_its_candidates_with_their_vpp(ray_cluster, tmp_path):
     recipe = with_parallel(HANDBOOK, pp=4, vpp=2, ep=1, dp=1, global_batch_size=16)  # 4 GPUs
-    settings = dataclasses.replace(small_settings(tmp_path, "interleaved"), ab_top=1)
+    settings = small_settings(tmp_path, "interleaved", ab_top=1)
     summary = run_tune(recipe, settings, CONFIG, quiet()[0], threading.Event())
 
     def layout_of(role: ArmRole) -> Layout:

@@ -17,12 +17,12 @@ from ray_layout.ab.stats import ABConfig
 from ray_layout.ab.vocabulary import ArmRole
 from ray_layout.errors import MeasurementError, RunFailure
 from ray_layout.model.costs import load_costs
+from ray_layout.model.memory_settings import memory_settings
 from ray_layout.model.spec import with_parallel
 from ray_layout.model.split import PipelineSplit
 from ray_layout.runtime.layout_runs import Backend
 from ray_layout.tuning import phases
 from ray_layout.tuning.phases import choose_arms, cluster_hbm_gib
-from search.memory_settings import memory_settings
 from tests.helpers.cluster import GPUS_PER_NODE
 from tests.helpers.planner_fixtures import handbook_example_plan
 from tests.helpers.tuning_small import HANDBOOK, SMALL, small_settings

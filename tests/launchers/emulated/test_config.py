@@ -75,6 +75,6 @@ def test_what_megatron_refuses_is_one_line(extra, world_size, message):
 def test_interleaving_overlaps_p2p_unless_the_command_line_turns_it_off():
     """Megatron's default: ``overlap_p2p_comm`` on, and off without interleaving."""
     interleaved = [*HANDBOOK, "--num-virtual-stages-per-pipeline-rank", "2"]
-    assert run_config(interleaved, 4).overlap_p2p
-    assert not run_config([*interleaved, "--no-overlap-p2p-communication"], 4).overlap_p2p
-    assert not run_config(HANDBOOK, 4).overlap_p2p
+    assert run_config(interleaved, 4).p2p_overlap
+    assert not run_config([*interleaved, "--no-overlap-p2p-communication"], 4).p2p_overlap
+    assert not run_config(HANDBOOK, 4).p2p_overlap

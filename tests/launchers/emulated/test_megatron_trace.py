@@ -4,44 +4,43 @@ is left as it was."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launchers.emulated.megatron_trace import traced_program
 from launchers.emulated.rank_order import rank_program
-from search.schedule import P2PCall, Wait
+from search.pipeline_ops import P2PCall, ScheduleShape, Wait
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in MEGATRON_CPU_WARNINGS]
 
 
 @st.composite
-def sizes(draw):
+def shapes(draw):
     pp = draw(st.integers(2, 4))
     vpp = draw(st.integers(2, 3))
     group = draw(st.integers(pp, 2 * pp))
     microbatches = draw(st.sampled_from((group, 2 * group, group + pp)))
-    return pp, vpp, microbatches, group
+    return ScheduleShape(pp, vpp, microbatches, group)
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes())
-def test_the_blocking_trace_is_the_emulators_hand_written_order(sizes):
-    pp, vpp, microbatches, group = sizes
-    for rank in range(pp):
-        traced = traced_program(pp, rank, vpp, microbatches, group, overlap_p2p=False)
-        assert traced == rank_program(pp, rank, vpp, microbatches, group)
+@given(shapes())
+def test_the_blocking_trace_is_the_emulators_hand_written_order(shape):
+    for rank in range(shape.pp):
+        assert traced_program(shape, rank) == rank_program(shape, rank)
 
 
 @settings(max_examples=25, deadline=None)
-@given(sizes())
-def test_every_wait_follows_the_post_it_names_and_no_receive_is_left(sizes):
-    pp, vpp, microbatches, group = sizes
-    for rank in range(pp):
+@given(shapes())
+def test_every_wait_follows_the_post_it_names_and_no_receive_is_left(shape):
+    for rank in range(shape.pp):
         posted: dict[str, int] = {}
         pending: set[tuple[str, int]] = set()
-        for op in traced_program(pp, rank, vpp, microbatches, group, overlap_p2p=True):
+        for op in traced_program(replace(shape, p2p_overlap=True), rank):
             if isinstance(op, P2PCall) and not op.blocking:
                 for transfer in op.transfers:
                     pending.add((transfer, posted.get(transfer, 0)))
@@ -55,5 +54,5 @@ def test_the_schedule_module_is_restored():
     from megatron.core.pipeline_parallel import schedules
 
     before = (schedules.forward_step, schedules.backward_step, schedules.torch)
-    traced_program(2, 1, 2, 4, 2, overlap_p2p=True)
+    traced_program(ScheduleShape(2, 2, 4, 2, p2p_overlap=True), 1)
     assert (schedules.forward_step, schedules.backward_step, schedules.torch) == before

@@ -14,7 +14,7 @@ from launchers.emulated.hardware import load_profile
 from launchers.emulated.rank import EmulatedRank
 from launchers.emulated.rank_costs import rank_costs
 from ray_layout.measure.logs import parse_log
-from search.schedule import BACKWARD, FORWARD, Compute
+from search.pipeline_ops import BACKWARD, FORWARD, Compute
 from tests.helpers.launchers_emulated import H200, HANDBOOK
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS, _free_port
 

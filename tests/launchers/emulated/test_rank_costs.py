@@ -10,6 +10,7 @@ from launchers.emulated.hardware import load_profile
 from launchers.emulated.rank_costs import rank_costs
 from launchers.emulated.rank_order import pipeline_programs
 from search.cost_model import in_flight_at_peak
+from search.pipeline_ops import ScheduleShape
 from tests.helpers.launchers_emulated import H200, HANDBOOK
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 
@@ -52,8 +53,9 @@ def test_the_step_tail_follows_the_parameters_held():
 def test_held_micro_batches_are_the_planners_in_flight_count(layout):
     config = run_config([*HANDBOOK, "--pipeline-model-parallel-layout", layout], 4)
     p = config.parallel
-    planned = in_flight_at_peak(p.pp, p.vpp, config.num_microbatches, config.group_size)
-    programs = pipeline_programs(p.pp, p.vpp, config.num_microbatches, config.group_size)
+    shape = ScheduleShape(p.pp, p.vpp, config.num_microbatches, config.group_size)
+    planned = in_flight_at_peak(shape)
+    programs = pipeline_programs(shape)
     for rank in range(4):
         given = rank_costs(config, COSTS, rank, programs)
         assert given.held_microbatches == planned[rank].sum()

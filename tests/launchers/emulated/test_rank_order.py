@@ -7,7 +7,8 @@ import pytest
 
 from launchers.emulated.rank_order import held_at_peak, pipeline_programs, rank_program
 from search.cost_model import in_flight_at_peak
-from search.schedule import BACKWARD, FORWARD, Compute, P2PCall, Transfer, rank_ops
+from search.pipeline_ops import BACKWARD, FORWARD, Compute, P2PCall, ScheduleShape, Transfer
+from search.schedule import rank_ops
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.megatron_schedule_oracle import megatron_order
 
@@ -33,11 +34,12 @@ def test_order_equals_megatron_core(pp, vpp, microbatches, group):
     """Computations in megatron-core's order; the calls that move data equal the simulator's,
     an implementation of its own (the emulator also keeps the interleaved calls that move
     nothing, because Megatron still runs their timers)."""
-    simulated = rank_ops(pp, vpp, microbatches, group)
+    shape = ScheduleShape(pp, vpp, microbatches, group)
+    simulated = rank_ops(shape)
     for rank in range(pp):
-        program = rank_program(pp, rank, vpp, microbatches, group)
+        program = rank_program(shape, rank)
         computes = [op for op in program if not isinstance(op, P2PCall)]
-        assert computes == megatron_order(pp, rank, vpp, microbatches, group)
+        assert computes == megatron_order(shape, rank)
         moving = [op for op in program if not isinstance(op, P2PCall) or op.transfers]
         assert moving == simulated[rank]
 
@@ -46,9 +48,10 @@ def test_order_equals_megatron_core(pp, vpp, microbatches, group):
 def test_activations_held_at_the_peak_agree_with_the_planner(pp, vpp, microbatches, group):
     """The emulator counts in-flight micro-batches on its own order; the planner's count, on the
     simulator's order, must come out the same."""
-    planned = in_flight_at_peak(pp, vpp, microbatches, group)
+    shape = ScheduleShape(pp, vpp, microbatches, group)
+    planned = in_flight_at_peak(shape)
     for rank in range(pp):
-        held = held_at_peak(rank_program(pp, rank, vpp, microbatches, group), vpp)
+        held = held_at_peak(rank_program(shape, rank), vpp)
         assert list(held.values()) == planned[rank].tolist()
 
 
@@ -57,7 +60,7 @@ def test_the_pipelines_ends_make_no_calls_toward_the_outside():
     never sends a forward on nor waits for a gradient; the middle rank does all four."""
 
     def transfers(rank: int) -> set[str]:
-        program = rank_program(3, rank, 1, 6, 3)
+        program = rank_program(ScheduleShape(3, 1, 6, 3), rank)
         return {t for op in program if isinstance(op, P2PCall) for t in op.transfers}
 
     assert transfers(0) == {Transfer.SEND_NEXT, Transfer.RECV_NEXT}
@@ -71,7 +74,8 @@ def test_the_pipelines_ends_make_no_calls_toward_the_outside():
 
 
 def test_every_ranks_program_is_computed_in_rank_order():
-    assert pipeline_programs(4, 2, 8, 4) == tuple(rank_program(4, r, 2, 8, 4) for r in range(4))
+    shape = ScheduleShape(4, 2, 8, 4)
+    assert pipeline_programs(shape) == tuple(rank_program(shape, r) for r in range(4))
 
 
 def test_held_at_peak_is_the_first_moment_the_rank_holds_the_most():

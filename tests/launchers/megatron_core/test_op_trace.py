@@ -14,7 +14,7 @@ from launchers.megatron_core.op_trace import (
     read_trace,
 )
 from ray_layout.model.layout import Layout
-from search.schedule import BACKWARD, FORWARD, Compute, P2PCall
+from search.pipeline_ops import BACKWARD, FORWARD, Compute, P2PCall
 from tests.helpers.megatron_core_ranks import core_arguments, run_ranks
 
 
@@ -46,8 +46,6 @@ def test_megatron_core_and_the_emulator_agree_on_each_ranks_order(tmp_path, monk
     monkeypatch.setenv(TRACE_ENV, str(traces))
     outputs = run_ranks(argv, 2, tmp_path)
     assert all(output.returncode == 0 for output in outputs), outputs[-1].stderr[-2000:]
-    programs = pipeline_programs(
-        2, layout.vpp, run.num_microbatches, run.group_size, run.overlap_p2p
-    )
+    programs = pipeline_programs(run.schedule_shape)
     for rank in range(2):
         assert read_trace(traces / f"rank{rank}.json") == program_signature(programs[rank])

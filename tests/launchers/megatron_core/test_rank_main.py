@@ -12,6 +12,7 @@ from launchers.megatron_core.gpt_build import check_runs_on_cpu, expected_stage
 from launchers.megatron_core.rank_main import BUILT_PREFIX, core_settings, main
 from ray_layout.errors import EXIT_BAD_INPUT, ConfigError
 from ray_layout.measure.logs import parse_log
+from ray_layout.model.job_flags import job_flags
 from ray_layout.model.layout import Layout
 from tests.helpers.megatron_core_ranks import TINY, core_arguments, run_ranks
 from tests.helpers.paths import ROOT
@@ -123,8 +124,8 @@ def test_ep_overlap_is_refused_on_cpu_ranks_and_before_a_tune_starts(monkeypatch
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "--overlap-moe-expert-parallel-comm cannot run" in error
     with pytest.raises(ConfigError, match="tune it on the emulated or the megatron backend"):
-        check_runs_on_cpu(["--overlap-moe-expert-parallel-comm"], "megatron_args")
-    check_runs_on_cpu(["--moe-grouped-gemm"], "megatron_args")  # nothing to refuse
+        check_runs_on_cpu(job_flags(["--overlap-moe-expert-parallel-comm"]))
+    check_runs_on_cpu(job_flags(["--moe-grouped-gemm"]))  # nothing to refuse
 
 
 def test_settings_come_from_the_command_line():

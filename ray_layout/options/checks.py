@@ -1,8 +1,8 @@
 """What a flag's value must satisfy, as small reusable checks.
 
 A check takes a value (never ``None``: an unset flag is not checked) and returns the problem in
-words ("must be >= 1, got 0") or ``None``; :mod:`ray_layout.commands.flags` puts the flag's name
-in front and raises ``ConfigError``, so every message names the flag it is about.
+words ("must be >= 1, got 0") or ``None``; :func:`ray_layout.options.flag_fields.check_options` puts
+the flag's name in front and raises ``ConfigError``, so every message names the flag it is about.
 """
 
 from __future__ import annotations

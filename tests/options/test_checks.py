@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_layout.commands.checks import (
+from ray_layout.options.checks import (
     at_least,
     between,
     comma_integers,
