@@ -5,6 +5,8 @@
 - ``MeasurementError`` (exit 2): the logs or the store the user pointed at do not hold what the
   step needs (no finished runs, units no run identifies); nothing measured is lost.
 - ``RunFailure`` (exit 1): runs on the cluster failed, so a phase of the tune cannot go on.
+- ``OutputError`` (exit 1): the command's output cannot be written (a full disk, a closed stdout,
+  a reader that left the pipe); what it stored is whole.
 
 A caller's bug is none of these: it stays a ``ValueError``/``TypeError`` and shows its traceback.
 Every message that shows a value the user gave shows it through :func:`quoted`.
@@ -12,6 +14,7 @@ Every message that shows a value the user gave shows it through :func:`quoted`.
 
 from __future__ import annotations
 
+import re
 import reprlib
 
 EXIT_FAILURE = 1
@@ -49,6 +52,11 @@ class RunFailure(RayLayoutError):
     """Runs on the cluster failed and the step that needed them cannot go on."""
 
 
+class OutputError(RayLayoutError):
+    """What the command prints cannot be written: ``> /dev/full``, a closed stdout, a pipe whose
+    reader left."""
+
+
 QUOTE_LIMIT = 80  # characters of a value a message shows
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 2, 4, 6, 6, 6
@@ -74,3 +82,13 @@ def exception_line(exc: BaseException, limit: int = 300) -> str:
     (a traceback's newlines) folded to single spaces, cut to ``limit``; its type's name when it
     says nothing (Ray raises a bare ``Exception``)."""
     return " ".join(str(exc).split())[:limit] or type(exc).__name__
+
+
+_BREAKS_OR_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(message: str) -> str:
+    """``message`` as one line, whatever the user's text in it holds: every control character
+    (a newline, a terminal's escape sequence) and every character that splits lines (U+2028)
+    shown as its escape, ``\\n`` or ``\\x1b``, never acted on."""
+    return _BREAKS_OR_CONTROLS.sub(lambda found: repr(found.group())[1:-1], message)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import signal
+import unicodedata
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ray_layout import errors
 from ray_layout.commands.common import Command, execute
@@ -19,14 +22,16 @@ from ray_layout.errors import (
     InputError,
     LayoutError,
     MeasurementError,
+    OutputError,
     RayLayoutError,
     RunFailure,
     clipped,
     exception_line,
+    one_line,
     quoted,
 )
 
-KINDS = [InputError, ConfigError, LayoutError, MeasurementError, RunFailure]
+KINDS = [InputError, ConfigError, LayoutError, MeasurementError, RunFailure, OutputError]
 
 
 def test_the_exit_statuses_are_the_shells() -> None:
@@ -45,6 +50,7 @@ def test_the_exit_statuses_are_the_shells() -> None:
         (LayoutError, EXIT_BAD_INPUT),
         (MeasurementError, EXIT_BAD_INPUT),
         (RunFailure, EXIT_FAILURE),
+        (OutputError, EXIT_FAILURE),
     ],
 )
 def test_each_kind_exits_with_its_status(kind: type[RayLayoutError], status: int) -> None:
@@ -80,7 +86,7 @@ def test_bad_input_is_a_value_error_and_nothing_else_is() -> None:
     measurement that cannot answer, or failed runs, are not the value's fault."""
     for kind in (InputError, ConfigError, LayoutError):
         assert issubclass(kind, ValueError)
-    for kind in (MeasurementError, RunFailure, RayLayoutError):
+    for kind in (MeasurementError, RunFailure, OutputError, RayLayoutError):
         assert not issubclass(kind, ValueError)
 
 
@@ -88,7 +94,7 @@ def test_the_kinds_do_not_catch_one_another() -> None:
     with pytest.raises(ConfigError):
         try:
             raise ConfigError("bad")
-        except (LayoutError, MeasurementError, RunFailure):
+        except (LayoutError, MeasurementError, RunFailure, OutputError):
             pytest.fail("caught by another kind")
     assert not issubclass(LayoutError, ConfigError) and not issubclass(ConfigError, LayoutError)
 
@@ -132,3 +138,22 @@ def test_an_exception_is_one_line_of_what_it_says_or_its_type() -> None:
     )
     assert exception_line(ValueError("x" * 1000)) == "x" * 300
     assert exception_line(Exception()) == "Exception"
+
+
+LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines cuts
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from(LINE_BREAKS + "\x1b\t")))
+def test_one_line_shows_any_text_on_one_line_and_acts_on_none_of_it(text: str) -> None:
+    """A value's newline, a terminal's escape sequence (ESC), a Unicode line separator: each
+    is shown as its escape, so that an error is one line however it is cut, and the rest of
+    the text is kept as it is."""
+    shown = one_line(text)
+    assert len(f"error: {shown}".splitlines()) == 1
+    assert all(unicodedata.category(c) not in ("Cc", "Zl", "Zp") for c in shown)
+    escaped = (repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
+    assert shown == "".join(escaped)
+
+
+def test_one_line_escapes_as_python_writes_escapes() -> None:
+    assert one_line("a\nb\x1b[31m\u2028\t") == "a\\nb\\x1b[31m\\u2028\\t"

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ray_layout.errors import ConfigError, quoted
-from ray_layout.model.costs import FORMAT, Bound, UnitCosts, costs_from_dict
+from ray_layout.model.config_values import Bound
+from ray_layout.model.costs import FORMAT, UnitCosts, costs_from_dict
 from ray_layout.model.files import read_mapping
 
 # The profile the emulated backend uses by default, found from the package wherever it runs.

@@ -1,13 +1,12 @@
 """What every command shares: the command's shape, the one-line error parser, the model config
-and parallel sizes every command starts from, the JSON-or-print output, the one-line errors."""
+and parallel sizes every command starts from, the JSON-or-print output, the one-line errors, and
+:func:`command_line`, the one place a command line runs (inside ``guard.guarded``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -16,7 +15,8 @@ from typing import Any, Generic, TypeVar
 from rich.console import Console
 
 from ray_layout.commands.flags import Settings, add_flags, from_args
-from ray_layout.errors import EXIT_BAD_INPUT, RayLayoutError
+from ray_layout.commands.guard import end_with, guarded
+from ray_layout.errors import EXIT_BAD_INPUT, RayLayoutError, one_line
 from ray_layout.model.fields import MAX_DIMENSION, MAX_PARALLEL_SIZE
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.megatron_recipe import Overrides
@@ -121,23 +121,26 @@ def json_flag(help: str = "print JSON") -> Any:
 
 
 S = TypeVar("S", bound=Settings)
+STOPPED = "stopped before the end; what it stored is whole; run the same command again to finish"
 
 
 @dataclass(frozen=True)
 class Command(Generic[S]):
-    """A command: its name and help, the settings it takes, and what it does with them."""
+    """A command: its name and help, the settings it takes, what it does with them, and what
+    an interrupt leaves (said after ``interrupted:``)."""
 
     name: str
     help: str
     settings: type[S]
     run: Callable[[S, Console], None]
+    stopped: str = STOPPED
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """Usage mistakes end in one line naming the problem (and exit 2), like every other error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        print(one_line(f"error: {self.prog}: {message} (see --help)"), file=sys.stderr)
+        end_with(f"error: {self.prog}: {message} (see --help)")
         raise SystemExit(EXIT_BAD_INPUT)
 
 
@@ -151,11 +154,6 @@ def script_arguments_apart(argv: Sequence[str]) -> list[str]:
     return words[:cut] + [f"--script-arg={word}" for word in words[cut + 1 :]]
 
 
-def one_line(message: str) -> str:
-    """``message`` as one line, whatever the user's text in it holds (a value with a newline)."""
-    return message.replace("\r", "\\r").replace("\n", "\\n")
-
-
 def command_parser(
     settings: type[Settings], prog: str, description: str
 ) -> argparse.ArgumentParser:
@@ -165,38 +163,39 @@ def command_parser(
     return parser
 
 
-class _Terminal(Console):
-    """rich's console, leaving a closed pipe to :func:`execute` (rich itself exits 1)."""
-
-    def on_broken_pipe(self) -> None:
-        raise BrokenPipeError
-
-
 def terminal() -> Console:
-    return _Terminal(width=max(shutil.get_terminal_size().columns, 120))
+    """rich's console on stdout (whichever ``sys.stdout`` is when it prints: the guard's)."""
+    return Console(width=max(shutil.get_terminal_size().columns, 120))
 
 
 def execute(command: Command, args: argparse.Namespace) -> int:
     """Check the settings, run the command; an error the user can act on is one line on stderr
-    and the exit status of its kind (bad input 2, failed runs 1)."""
+    (alone: the notes before it are dropped) and the exit status of its kind (bad input 2,
+    failed runs and output that cannot be written 1)."""
     try:
         command.run(from_args(command.settings, args), terminal())
     except RayLayoutError as exc:
-        print(one_line(f"error: {exc}"), file=sys.stderr)
+        end_with(f"error: {exc}")
         return exc.exit_code
-    except BrokenPipeError:  # `... | head`: the reader left; stop as Unix tools do, quietly
-        return closed_pipe()
     return 0
 
 
-def closed_pipe() -> int:
-    """What a command whose output's reader went away returns: the status a process killed by
-    SIGPIPE has, with stdout pointed at /dev/null so that the interpreter's last flush is
-    silent too."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return 128 + signal.SIGPIPE
+def command_line(
+    parser: argparse.ArgumentParser,
+    words: Sequence[str],
+    chosen: Callable[[argparse.Namespace], Command],
+) -> int:
+    """The one place a command line runs, from its words to its exit status: parsed, the
+    ``chosen`` command executed, all of it inside ``guard.guarded`` (interrupts, output that
+    cannot be written, notes held back from a refusal)."""
+    picked: list[Command] = []
+
+    def body() -> int:
+        args = parser.parse_args(script_arguments_apart(words))
+        picked.append(chosen(args))
+        return execute(picked[0], args)
+
+    return guarded(body, lambda: picked[0].stopped if picked else STOPPED)
 
 
 def emit(

@@ -19,6 +19,7 @@ from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from ray_layout.errors import ConfigError
+from ray_layout.options.checks import flag_type
 from ray_layout.options.flag_fields import check_options, flag_name, flag_spec, spellings
 
 S = TypeVar("S")
@@ -51,9 +52,9 @@ def _argparse_options(item: Field, kind: Any) -> dict[str, Any]:
         options["choices"] = get_args(kind)
     elif repeated:
         options["action"] = "append"
-        options["type"] = get_args(kind)[0]
+        options["type"] = flag_type(get_args(kind)[0])
     elif spec.parse is None and kind is not str:
-        options["type"] = kind
+        options["type"] = flag_type(kind)
     if spec.positional:
         if item.default is not MISSING:
             options |= {"nargs": "?", "default": item.default}

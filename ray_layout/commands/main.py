@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ray_layout.commands.common import Command, OneLineErrorParser, execute, script_arguments_apart
+from ray_layout.commands.common import Command, OneLineErrorParser, command_line
 from ray_layout.commands.flags import add_flags
 from ray_layout.commands.layouts import LAYOUTS
 from ray_layout.commands.measure import FIT, INGEST, PROFILE_LAYOUTS
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line's exit status (``--help`` and usage errors included: no ``SystemExit``)."""
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(script_arguments_apart(words))
     by_name = {command.name: command for command in COMMANDS}
-    return execute(by_name[args.command], args)
+    return command_line(build_parser(), words, lambda args: by_name[args.command])

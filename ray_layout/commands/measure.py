@@ -206,6 +206,7 @@ def run_fit(settings: FitSettings, console: Console) -> None:
     if settings.store:
         store = CostStore(settings.store)
         observations = observations_from_store(store, settings.study, recipe.model, recipe.parallel)
+        notes = store.notes()  # rows stored twice, read once
     else:
         runs = _logged_runs(settings.run, settings.micro_batches, settings, recipe)
         observations, notes = observations_of_logged_runs(runs, recipe.model)

@@ -433,16 +433,13 @@ def check_memory(report: dict[str, Any], hbm_gib: float | None, hint: str = "") 
 def _start_ray(address: str | None, shards: int) -> None:
     import ray  # here only: the other commands, and plan without shards, run without Ray
 
+    from ray_layout.runtime.local import join
+
     if not ray.is_initialized():
         if address:
-            ray.init(address=address, logging_level="ERROR")
+            join(address=address)
         else:
-            ray.init(
-                num_cpus=shards,
-                include_dashboard=False,
-                logging_level="ERROR",
-                object_store_memory=200 * 2**20,
-            )
+            join(num_cpus=shards, include_dashboard=False, object_store_memory=200 * 2**20)
 
 
 PLAN = Command("plan", "rank every valid layout by simulated step time", PlanSettings, run_plan)

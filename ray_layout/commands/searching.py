@@ -15,6 +15,7 @@ from ray_layout.model.costs import (
     TFLOPS_RANGE,
     UnitCosts,
     costs_from_flops,
+    costs_warnings,
     load_costs,
     provenance_mismatches,
 )
@@ -99,6 +100,8 @@ def unit_costs(
     loaded = load_costs(costs)
     if problem := unusable_costs(loaded):
         raise ConfigError(f"{costs}: {problem}")
+    if implausible := costs_warnings(loaded):
+        print(f"warning: {costs} looks broken: {'; '.join(implausible)}", file=sys.stderr)
     if mismatches := provenance_mismatches(loaded, recipe.model, recipe.parallel):
         what = f"{costs} was measured on another shape: {'; '.join(mismatches)}"
         if not allow_mismatch:

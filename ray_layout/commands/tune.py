@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -22,10 +21,9 @@ from launchers.megatron_core.gpt_build import check_runs_on_cpu
 from ray_layout.commands.common import (
     Command,
     ModelSettings,
+    command_line,
     command_parser,
-    execute,
     json_flag,
-    script_arguments_apart,
 )
 from ray_layout.commands.profile import BackendFlags, log_dir_flag
 from ray_layout.commands.searching import check_sampled_work, check_search_size, microbatch_count
@@ -152,25 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
     return command_parser(TuneFlags, "python -m ray_layout.tune", DESCRIPTION)
 
 
+STOPPED = (
+    "every run was stopped and its GPUs released; what was measured is in the store; run the "
+    "same command again to resume"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The tune's exit status: ``ray job stop`` (SIGTERM) and Ctrl-C end it in one line, 130."""
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(script_arguments_apart(words))
     cancel = threading.Event()
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    # SIGTERM is what `ray job stop` sends; SIGINT too, even where it came in ignored (a
-    # background job of a shell ignores it), so that Ctrl-C and kill -INT always stop the runs
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGINT, interrupted)
-    try:
-        return execute(Command("tune", DESCRIPTION, TuneFlags, partial(run, cancel=cancel)), args)
-    except KeyboardInterrupt:
+    command = Command("tune", DESCRIPTION, TuneFlags, partial(run, cancel=cancel), STOPPED)
+    status = command_line(build_parser(), words, lambda args: command)
+    if status == EXIT_INTERRUPTED:
         cancel.set()
-        print(
-            "interrupted: every run was stopped and its GPUs released; what was measured is in "
-            "the store; run the same command again to resume",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
+    return status

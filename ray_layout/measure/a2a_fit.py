@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import minimize_scalar
 
 from ray_layout.errors import MeasurementError
+from ray_layout.measure.solvers import bounded_minimum
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.sizing import layer_units
@@ -62,13 +62,14 @@ def fit_a2a_ms(
             "the measured steps do not depend on the EP all-to-all time (no merged step hides "
             f"anything between 0 and {largest_ms:.2f} ms), so they cannot fit it"
         )
-    found = minimize_scalar(
+    found, _ = bounded_minimum(
         lambda a2a: float(np.mean(errors(a2a) ** 2)),
-        bounds=(0.0, largest_ms),
-        method="bounded",
-        options={"xatol": A2A_TOLERANCE_MS},
+        0.0,
+        largest_ms,
+        A2A_TOLERANCE_MS,
+        "the EP all-to-all time",
     )
     # the bounded search never tries its ends, where the answer may lie (nothing hidden, say)
-    tried = {0.0: low, largest_ms: high, float(found.x): errors(float(found.x))}
+    tried = {0.0: low, largest_ms: high, found: errors(found)}
     best = min(tried, key=lambda a2a: float(np.mean(tried[a2a] ** 2)))
     return A2aFit(best, prior_ms, tuple(float(e) for e in tried[best]))

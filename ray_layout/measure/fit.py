@@ -1,6 +1,6 @@
 """Per-unit costs from Megatron's per-rank timers: non-negative least squares over the profiling
-runs' design rows, weighted by each rank's timer spread (see ``design``), then the step tail,
-p2p, jitter and memory calibration.
+runs' design rows, weighted by each rank's timer spread (see ``design``), then the step tail
+(``step_fit``), p2p, jitter and memory calibration; every solver call is bounded (``solvers``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy.optimize import minimize_scalar, nnls
 
 from ray_layout.errors import MeasurementError
 from ray_layout.measure.declared import runs_parallel, suggest_layout
@@ -17,16 +16,17 @@ from ray_layout.measure.design import PAIR, design_rows, timer_spread, unit_colu
 from ray_layout.measure.log_format import P2P_TIMER_OF_CALL
 from ray_layout.measure.memory_fit import MemoryFit, fit_memory, memory_costs
 from ray_layout.measure.observations import RunObservation
+from ray_layout.measure.solvers import bounded_nnls, require_finite
+from ray_layout.measure.step_fit import step_overheads, step_tail
 from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance, within_bounds
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
 from ray_layout.model.memory_settings import MemorySettings
-from ray_layout.model.sizing import LOSS, MTP, stage_sizes
+from ray_layout.model.sizing import LOSS, MTP
 from ray_layout.model.spec import ParallelConfig
 from search.cost_model import inter_node_links
 from search.memory import PLAIN
 from search.pipeline_ops import P2PCall, ScheduleShape, Transfer
-from search.planner import PlanOptions, Problem, SearchSpec, score_given
 from search.schedule import rank_ops
 
 RESIDUAL_WARNING = 0.05
@@ -56,14 +56,14 @@ class FitResult:
 
 
 def _solve(rows: np.ndarray, values: np.ndarray, columns: Sequence[str], what: str) -> np.ndarray:
+    require_finite(what, rows, values)
     rank = np.linalg.matrix_rank(rows)
     if rank < len(columns):
         raise MeasurementError(
             f"the runs cannot tell apart all of {', '.join(columns)} ({what}: design rank "
             f"{rank} of {len(columns)}); add a run that `profile-layouts` proposes"
         )
-    solution, _ = nnls(rows, values)
-    return solution
+    return bounded_nnls(rows, values, what)
 
 
 def fit_costs(
@@ -126,10 +126,10 @@ def fit_costs(
         **memory_costs(found, base),
         source="fit",
         **provenance(model, parallel),
-        **_step_tail(model, parallel, runs),
+        **step_tail(model, parallel, runs),
         **_p2p(runs, base, parallel),
     )
-    latency, fixed, step_errors, overlapping = _step_overheads(model, parallel, costs, runs)
+    latency, fixed, step_errors, overlapping = step_overheads(model, parallel, costs, runs)
     warnings += overlapping
     costs = replace(
         costs,
@@ -274,84 +274,6 @@ def _residual_refusal(
     )
 
 
-def simulated_step_ms(
-    model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, run: RunObservation
-) -> float:
-    """The step the planner predicts for a run's layout and micro-batches: the mean over its
-    Monte Carlo jitter, as every prediction the tune makes.  Per-op jitter lengthens the mean
-    step beyond the noise-free one (the critical path takes the slower of its branches), so a
-    fixed tail fitted against the noise-free step would count that twice."""
-    spec, options = SearchSpec(num_microbatches=run.num_microbatches), PlanOptions()
-    run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
-    problem = Problem(model, run_parallel, costs, spec, options, p2p_overlap=run.overlapped_p2p)
-    return score_given(run.layout, problem).mean_ms
-
-
-# A per-transfer latency is kept where it at least halves the RMS relative step error the fixed
-# tail alone leaves, and that error is above STEP_NOISE_FLOOR (below it nothing is to explain).
-STEP_EVIDENCE = 0.5
-STEP_NOISE_FLOOR = 1e-4
-
-
-def _step_overheads(
-    model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, runs: Sequence[RunObservation]
-) -> tuple[float, float, dict[str, float], list[str]]:
-    """What the timers miss of the measured steps: a per-transfer latency (ms, >= 0), a fixed
-    per-step tail (ms, >= 0), each run's remaining error and a warning where the runs cannot
-    tell the two apart.
-
-    The fastest p2p call the timers saw is the bare transfer; a typical call also pays launch
-    and synchronisation costs that no timer isolates (the emulator's Python and gloo overhead,
-    NCCL's launch latency), once per transfer on the critical path.  A step also pays a constant
-    (optimizer and grad-norm launches, logging) whatever the layout.  Both are fitted on the
-    runs' step times, least squares on the relative error: the fixed tail in closed form for
-    each latency.  The latency is kept only where it explains the steps clearly better than the
-    fixed tail alone (STEP_EVIDENCE), so that p2p stays the transfer the timers measured unless the
-    runs (other micro-batch counts or PP sizes: other transfer counts) show a latency."""
-    timed = [run for run in runs if run.step_ms]
-    if not timed:
-        return 0.0, 0.0, {}, []
-    measured = np.array([run.step_ms for run in timed])
-
-    def simulated(latency: float, fixed: float = 0.0) -> np.ndarray:
-        shifted = replace(
-            costs,
-            p2p_intra_node_ms=costs.p2p_intra_node_ms + latency,
-            p2p_inter_node_ms=costs.p2p_inter_node_ms + latency,
-            tail_fixed_ms=fixed,
-        )
-        return np.array([simulated_step_ms(model, parallel, shifted, run) for run in timed])
-
-    bare = simulated(0.0)
-    per_fixed = simulated(0.0, 1.0) - bare  # 1, or the MTP-standalone factor
-
-    def fitted(latency: float) -> tuple[float, np.ndarray]:
-        steps = bare if latency == 0.0 else simulated(latency)
-        weight = per_fixed / measured
-        fixed = max(0.0, float(weight @ ((measured - steps) / measured) / (weight @ weight)))
-        return fixed, (steps + fixed * per_fixed) / measured - 1.0
-
-    def rms(latency: float) -> float:
-        return float(np.sqrt(np.mean(fitted(latency)[1] ** 2)))
-
-    upper = float(measured.max()) / max(run.num_microbatches for run in timed)
-    best = minimize_scalar(rms, bounds=(0.0, upper), method="bounded", options={"xatol": 1e-3})
-    alone = rms(0.0)
-    latency = (
-        float(best.x) if alone > STEP_NOISE_FLOOR and best.fun < STEP_EVIDENCE * alone else 0.0
-    )
-    fixed, errors = fitted(latency)
-    warnings = []
-    transfers = simulated(1.0) - bare  # each run's step per ms of latency
-    if fixed > 0 and np.ptp(transfers / per_fixed) < 0.5:
-        warnings.append(
-            f"the runs' steps exceed the simulated ones by {fixed:.2f} ms, taken as a fixed step "
-            "tail: they cannot tell it from a per-transfer latency (every run has as many "
-            "transfers on its critical path); a run with other micro-batches would separate them"
-        )
-    return latency, fixed, {r.name: float(e) for r, e in zip(timed, errors, strict=True)}, warnings
-
-
 def _expand_pair(fitted: dict[str, float], flops: dict[str, float]) -> dict[str, float]:
     """Unit costs with m + L split in FLOP proportion when only their sum was measured."""
     costs = {u: float(v) for u, v in fitted.items() if u != PAIR}
@@ -377,36 +299,11 @@ def _jitter(
         variances.append(per_batch.var(axis=0, ddof=1) * run.num_microbatches)
     if not rows:
         return {}
-    spread, _ = nnls(np.concatenate(rows) * costs**2, np.concatenate(variances))
+    spread = bounded_nnls(np.concatenate(rows) * costs**2, np.concatenate(variances), "jitter")
     cvs = {u: float(np.sqrt(s)) for u, s in zip(columns, spread, strict=True)}
     if PAIR in cvs:
         cvs[MTP] = cvs[LOSS] = cvs.pop(PAIR)
     return cvs
-
-
-def _gparams_per_rank(model: ModelSpec, parallel: ParallelConfig, layout: Layout) -> np.ndarray:
-    run = replace(parallel, pp=layout.pp, vpp=layout.vpp)
-    return np.array([s.gpu_gigaparams for s in stage_sizes(model, run, layout.stages)])
-
-
-def _step_tail(
-    model: ModelSpec, parallel: ParallelConfig, runs: Sequence[RunObservation]
-) -> dict[str, float]:
-    """Gradient sync and optimizer ms per billion parameters a GPU holds, through the origin."""
-    found = {}
-    for timer, key in (
-        ("all-grads-sync", "grad_sync_ms_per_gparam"),
-        ("optimizer", "optimizer_ms_per_gparam"),
-    ):
-        xs, ys = [], []
-        for run in runs:
-            if timer in run.timers:
-                xs.append(_gparams_per_rank(model, parallel, run.layout))
-                ys.append(run.timers[timer].mean(axis=0))
-        if xs:
-            x, y = np.concatenate(xs), np.concatenate(ys)
-            found[key] = float(max(0.0, (x @ y) / max(x @ x, 1e-12)))
-    return found
 
 
 def _p2p(

@@ -12,7 +12,7 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from ray_layout.measure.observations import (
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import costs_to_dict
 from ray_layout.model.fields import ModelSpec
-from ray_layout.model.layout import Layout
+from ray_layout.model.layout import Layout, format_stages
 from ray_layout.model.spec import PARALLEL_SIZES, ParallelConfig
 
 
@@ -75,16 +75,49 @@ def read_logged_run(run: LoggedRun, model: ModelSpec | None = None) -> tuple[str
             "forward-compute timer holds each merged forward+backward step whole, which no unit "
             "cost can split; ingest a run without it"
         )
-    checked = check_log(
-        parsed,
-        run.layout,
-        run.parallel,
-        run.num_microbatches,
-        str(run.path),
-        run.explicit,
-        model,
-    )
+    try:
+        checked = check_log(
+            parsed,
+            run.layout,
+            run.parallel,
+            run.num_microbatches,
+            str(run.path),
+            run.explicit,
+            model,
+        )
+    except MeasurementError as exc:
+        if not parsed.skipped_lines:
+            raise
+        # what was dropped may be what is missing (a prefix or format this reader does not know)
+        raise MeasurementError(
+            f"{exc}; {parsed.skipped_lines} line(s) that look like Megatron's were dropped, "
+            f"first {parsed.skipped_examples[0]}"
+        ) from None
+    refuse_idle_stage(checked, str(run.path))
     return text, checked
+
+
+COMPUTE_TIMERS = ("forward-compute", "backward-compute")
+
+
+def refuse_idle_stage(run: CheckedRun, source: str) -> None:
+    """Refuse a run where a rank whose pipeline stage holds layers times a compute timer at
+    0 ms in a training block: no layer computes in no time, so the rank never ran them (a
+    wrong layout, a broken timer, or another run's log), and a fit would take it for free."""
+    per_stage = run.parallel.world_size // run.layout.pp
+    training = set(run.parsed.training_intervals)
+    for record in run.parsed.timers:
+        if record.ms or record.rank is None or record.timer not in COMPUTE_TIMERS:
+            continue
+        stage = run.layout.rank_chunks(record.rank // per_stage)
+        if record.interval in training and "".join(stage):
+            at = "" if record.line is None else f"line {record.line}: "
+            raise MeasurementError(
+                f"{source}: {at}rank {record.rank} times {record.timer} at {record.ms!r} ms, "
+                f"but its pipeline stage {record.rank // per_stage} holds layers "
+                f"({format_stages(stage)}) of layout {run.layout}, which take time; "
+                "nothing of this log is stored"
+            )
 
 
 def read_logged_runs(
@@ -138,6 +171,7 @@ def run_rows(
 ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The ``runs`` row and the data rows of one checked run.  The content hash is the log's
     alone, so the same log declared otherwise is still recognised as the same run."""
+    refuse_idle_stage(run, source)
     parallel, parsed = run.parallel, run.parsed
     content = content_hash(text)
     run_id = f"run-{content[:16]}"
@@ -146,7 +180,7 @@ def run_rows(
     def stage_of(rank: int | None) -> int | None:
         return None if rank is None else rank // per_stage
 
-    timers = [{"run_id": run_id, **asdict(r), "pp_rank": stage_of(r.rank)} for r in parsed.timers]
+    timers = [{"run_id": run_id, **_values(r), "pp_rank": stage_of(r.rank)} for r in parsed.timers]
     iterations = [
         {
             "run_id": run_id,
@@ -181,6 +215,11 @@ def run_rows(
         content_hash=content,
     )
     return row, {"timers": timers, "iterations": iterations, "memory": memory}
+
+
+def _values(record: TimerRecord) -> dict[str, Any]:
+    """A timer record's values, without where its log printed it (no column of the store)."""
+    return {f.name: getattr(record, f.name) for f in fields(record) if f.compare}
 
 
 def runs_row(

@@ -95,14 +95,22 @@ def out_of_range(what: str, value: float, unit: str = "", upper: float | None = 
     return None
 
 
+def impossible_rank(of: str, rank: int | None) -> str | None:
+    """Why ``rank`` (None: the record names none) is no GPU of a world, or None."""
+    if rank is not None and rank < 0:
+        return f"{of}: rank {rank} is negative"
+    if rank is not None and rank >= MAX_WORLD_SIZE:
+        return f"{of}: rank above the largest world ({MAX_WORLD_SIZE:,} GPUs)"
+    return None
+
+
 def impossible_timer(
     timer: str, rank: int | None, values: tuple[tuple[str, float], ...]
 ) -> str | None:
     """Why a timer entry's values or rank cannot be a run's, or None."""
     of = f"timer {timer}" + ("" if rank is None else f" of rank {rank}")
-    if rank is not None and rank >= MAX_WORLD_SIZE:
-        return f"{of}: rank above the largest world ({MAX_WORLD_SIZE:,} GPUs)"
-    return next((p for _, ms in values if (p := out_of_range(of, ms, "ms")) is not None), None)
+    ranges = (out_of_range(of, ms, "ms") for _, ms in values)
+    return _first([impossible_rank(of, rank), *ranges])
 
 
 def _first(problems: list[str | None]) -> str | None:
@@ -110,7 +118,8 @@ def _first(problems: list[str | None]) -> str | None:
 
 
 def impossible_iteration(record: IterationRecord) -> str | None:
-    """Why an iteration line's step time, throughput, loss scale or counts cannot be a run's."""
+    """Why an iteration line's step time, throughput, loss scale or counts cannot be a run's:
+    out of range, a step of no time, or an iteration past the run's ``--train-iters``."""
     counts = {
         "the iteration": record.iteration,
         "the train iterations": record.train_iters,
@@ -136,22 +145,34 @@ def impossible_iteration(record: IterationRecord) -> str | None:
                 for what, (value, unit, upper) in floats.items()
                 if value is not None
             ),
+            f"the elapsed time per iteration is {record.elapsed_ms!r} ms: no step takes no time"
+            if record.elapsed_ms == 0
+            else None,
+            f"iteration {record.iteration} is past the run's --train-iters {record.train_iters}"
+            if record.iteration > record.train_iters
+            else None,
         ]
     )
 
 
 def impossible_memory(record: MemoryRecord) -> str | None:
-    """Why a memory line's rank or sizes cannot be a run's, or None."""
+    """Why a memory line's rank, iteration or sizes cannot be a run's, or None."""
     of = f"rank {record.rank}'s memory"
-    if record.rank >= MAX_WORLD_SIZE:
-        return f"{of}: rank above the largest world ({MAX_WORLD_SIZE:,} GPUs)"
+    if (problem := impossible_rank(of, record.rank)) is not None:
+        return problem
     sizes = {
         "allocated": record.allocated_mb,
         "max allocated": record.max_allocated_mb,
         "reserved": record.reserved_mb,
         "max reserved": record.max_reserved_mb,
     }
-    return _first([out_of_range(f"{of} ({name})", mb, "MiB") for name, mb in sizes.items()])
+    after = f"{of} (after iteration {record.iteration})"
+    return _first(
+        [
+            out_of_range(after, float(record.iteration), upper=MAX_COUNT),
+            *(out_of_range(f"{of} ({name})", mb, "MiB") for name, mb in sizes.items()),
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -165,6 +186,8 @@ class TimerRecord:
     ``"last"`` in the one-line format of Megatron before core (the last rank's value, rank
     unknown to the log).
     ``ms`` is Megatron's printed value: accumulated milliseconds / ``--log-interval``.
+    ``line`` is where the log printed it (None when read back from the store), for messages
+    only: two records of the same values are equal wherever they were printed.
     """
 
     interval: int
@@ -173,6 +196,7 @@ class TimerRecord:
     timer: str
     ms: float
     stat: str
+    line: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

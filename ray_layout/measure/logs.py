@@ -8,11 +8,13 @@ iteration line just before it, and
 
 Real logs are messier than the formats: every line may carry a launcher prefix (Ray's
 ``(RankActor pid=…, ip=…)``, torchrun's ``[default0]:``, srun's ``3:``), a timestamp or a logging
-prefix; several ranks write at once, so other ranks' lines land inside a timer block; progress
-bars overwrite lines with ``\\r``; a killed job leaves its last line cut.  Lines of other programs
-are ignored; lines that look like one of the three formats but do not parse are skipped and
-counted, so a caller can tell a clean log from a damaged one.  Values are kept exactly as printed,
-quirks included (see ``log_records.steady_intervals``).  What the lines become lives in
+prefix, or sit in a container runtime's record (``log_wrappers`` takes them off); several ranks
+write at once, so other ranks' lines land inside a timer block; progress bars overwrite lines
+with ``\\r``; a killed job leaves its last line cut.  Lines of other programs are ignored; lines
+that look like one of the three formats but do not parse, a value that is no number among them
+(every number is read whole by ``log_numbers``), are skipped and counted, so a caller can tell a
+clean log from a damaged one.  Values are kept exactly as printed, quirks included (see
+``log_records.steady_intervals``).  What the lines become lives in
 ``ray_layout.measure.log_records``; its names are importable from here too.
 """
 
@@ -22,8 +24,10 @@ import re
 from dataclasses import dataclass, field
 from math import gcd
 from pathlib import Path
+from typing import Any
 
 from ray_layout.errors import MeasurementError
+from ray_layout.measure.log_numbers import read_count, read_number
 from ray_layout.measure.log_records import (
     SKIPPED_EXAMPLES,
     IterationRecord,
@@ -34,7 +38,8 @@ from ray_layout.measure.log_records import (
     impossible_memory,
     impossible_timer,
 )
-from ray_layout.measure.log_world import INTEGER, parse_world
+from ray_layout.measure.log_world import parse_world
+from ray_layout.measure.log_wrappers import ANSI, LINE_BREAK, content, printed_text
 from ray_layout.model.files import read_bytes
 from ray_layout.model.run_log import parse_arguments
 
@@ -46,58 +51,55 @@ MAX_LINE_CHARS = 1 << 16
 # a log at the cap is read and stored in about 15 s and 0.8 GB (2 cores).
 MAX_LOG_BYTES = 16 * 2**20
 
-_NUMBER = r"(?:[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|(?i:nan|inf)))"
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-_RAY_DEDUP = re.compile(r"\[repeated \d+x across cluster\]\s*$")
-# What launchers, loggers and log collectors put in front of a line, stripped one at a time.
-_PREFIX = re.compile(
-    r"""\s*(?:
-        (?P<ray>\((?:[^()]|\([^()]*\))*+\))           # Ray: (RankActor pid=1, ip=…), see below
-      | \[(?:default|rank)\d+\]:                                  # torchrun: [default0]: [rank3]:
-      | \d{1,6}:(?=[\s(\[]|$)                                     # srun --label: 3:
-      | \[?\d{4}-\d\d-\d\d[T\ ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?  # timestamps
-      | \[?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b\]?(?::[\w.]+:|\s*[-:|]?)  # INFO:name:
-      | [A-Za-z_]\w*(?:\.\w+)+\s*[-|:](?=\s)                      # megatron.core.timers -
-      | [-|]
-    )""",
-    re.VERBOSE,
-)
-# A parenthesised prefix is Ray's when it names a pid: checked apart, since a pattern that finds
-# "pid=" inside the parentheses backtracks over every "pid=" of a line that never closes them.
-_RAY_PID = re.compile(r"\bpid=\d")
 _HEADER = re.compile(r"(?P<option>\(min, max\) time|max time|times) across ranks \(ms\):\s*$")
+# A rank or iteration count where a record starts: from its first digit to the next blank,
+# read whole by log_numbers (a sign too, so that a negative rank is refused, not passed over).
+_COUNT_TOKEN = r"[-+]?[0-9][^\]\s/|()]*"
 # Where a record starts inside a physical line that unsynchronised writers glued together.
 _GLUED = re.compile(
-    r"\[Rank\s+\d+\]\s+\(|(?:\(min, max\) time|max time|times) across ranks \(ms\):"
+    rf"\[Rank\s+{_COUNT_TOKEN}\]\s+\(|(?:\(min, max\) time|max time|times) across ranks \(ms\):"
 )
-# Another writer's text right after a value, or blanks to the end; the two branches start with
-# different characters, so no run of blanks is scanned twice (every pattern here is linear).
+# Another writer's text right after a closing ")", or blanks to the end; the two branches start
+# with different characters, so no run of blanks is scanned twice (every pattern here is linear).
 _GLUED_TAIL = r"(?:(?P<tail>[^\s\d.].*)|\s*)$"
 _OPTIONS = {"(min, max) time": "minmax", "max time": "max", "times": "all"}
 _ALL_TIMER = re.compile(r"\s*(?P<timer>[^\s:]+):\s*$")
-_ALL_RANK = re.compile(rf"\s*rank\s+(?P<rank>{INTEGER}): (?P<ms>{_NUMBER}){_GLUED_TAIL}")
-_MAX = re.compile(rf"\s*(?P<timer>\S+) \.*: (?P<ms>{_NUMBER}){_GLUED_TAIL}")
-_MINMAX = re.compile(
-    rf"\s*(?P<timer>\S+) \.*: \((?P<min>{_NUMBER}), (?P<max>{_NUMBER})\){_GLUED_TAIL}"
-)
+_ALL_RANK = re.compile(r"\s*rank\s+(?P<rank>[^\s:]+):(?P<ms>.*)$")
+# ``name ....: value``: the name and a blank dot-filled to 48 characters (no dots after a name of
+# 47 or more), then the value to the line's end: one number (max), or two in parentheses.
+_DOTTED = re.compile(r"\s*(?P<timer>\S+) (?P<dots>\.*): (?P<value>.*)$")
+_UNDOTTED_NAME = 47
+_PAIR = re.compile(rf"\((?P<pair>[^()]*)\){_GLUED_TAIL}")
 # Megatron before core (2019-2022): ``time (ms) | name: 12.34 | …``, the last rank's values only.
-_ONE_LINE = "time (ms)"
-_NUMBER_ONLY = re.compile(_NUMBER)
-_ENTRY_HINT = re.compile(r"\brank\s+\d+\s*:|\S \.{3,}:|\btimes? across ranks\b")
+_ONE_LINE = re.compile(r"time \(ms\)\s*\|")
+_ENTRY_HINT = re.compile(r"\brank\s+[-+]?[0-9][^\s:]*\s*:|\S \.{3,}:|\btimes? across ranks\b")
 # ``iteration   10/  100 |`` upstream; ``iteration=  10/  100 |`` with ``key=value`` fields in
 # forks that log through a key-value logger (ALCF's Megatron-DeepSpeed).
 _ITERATION = re.compile(
-    r"\biteration(?:\s+|\s*(?P<fork>=)\s*)(?P<iteration>\d+)\s*/\s*(?P<train_iters>\d+)\s*"
-    r"\|(?P<rest>.*)$"
+    rf"\biteration(?:\s+|\s*(?P<fork>=)\s*)(?P<iteration>{_COUNT_TOKEN})\s*/\s*"
+    r"(?P<train_iters>[^\s/|]+)\s*\|(?P<rest>.*)$"
 )
 # The start of an iteration line in either form: a rank's heartbeat while it trains.
-ITERATION_LINE_START = re.compile(r"\biteration(?:\s+|\s*=\s*)\d+\s*/")
+ITERATION_LINE_START = re.compile(rf"\biteration(?:\s+|\s*=\s*){_COUNT_TOKEN}\s*/")
 _FORK_KEYS = {"elapsed_time_per_iteration_ms": "elapsed time per iteration (ms)"}
+# IterationRecord's fields: the key Megatron prints each under, and how its value is read.
+_ITERATION_FIELDS = {
+    "consumed_samples": ("consumed samples", read_count),
+    "elapsed_ms": ("elapsed time per iteration (ms)", read_number),
+    "throughput_tflops": ("throughput per GPU (TFLOP/s/GPU)", read_number),
+    "learning_rate": ("learning rate", read_number),
+    "global_batch_size": ("global batch size", read_count),
+    "loss_scale": ("loss scale", read_number),
+    "grad_norm": ("grad norm", read_number),
+    "skipped_iterations": ("number of skipped iterations", read_count),
+    "nan_iterations": ("number of nan iterations", read_count),
+}
 _MEMORY = re.compile(
-    rf"\[Rank\s+(?P<rank>{INTEGER})\]\s+\((?:after (?P<iteration>{INTEGER}) iterations|[^()]*)\)"
-    r"\s+memory \(MB\)\s*(?P<rest>\|.*)?$"
+    rf"\[Rank\s+(?P<rank>{_COUNT_TOKEN})\]\s+\((?:after (?P<iteration>{_COUNT_TOKEN}) iterations"
+    r"|[^()]*)\)\s+memory \(MB\)\s*(?P<rest>\|.*)?$"
 )
+_MEMORY_SIZES = ("allocated", "max allocated", "reserved", "max reserved")
+_NOT_A_NUMBER = "a timer entry whose value is no number"
 _KEY_END = re.compile(r"[:=]")
 
 
@@ -121,18 +123,21 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
     and each read.  Megatron ends every line with a newline, so a last line without one was cut
     off mid-write: it is skipped and counted even when it happens to parse.  Raises
     :class:`MeasurementError` when nothing in ``text`` is Megatron's, saying why when lines that
-    looked like Megatron's were dropped.
+    looked like Megatron's were dropped, and when a value no run can have is read (naming the
+    line and the value).  Container runtime records (Kubernetes' CRI files, docker's json-file)
+    are read as the lines they hold (``log_wrappers.printed_text``).
     """
-    lines = _LINE_BREAK.split(_ANSI.sub("", text.removeprefix("\ufeff")))
+    printed = printed_text(text.removeprefix("\ufeff"))
+    lines = LINE_BREAK.split(ANSI.sub("", printed))
     reader = _Reader(source)
     for number, raw in enumerate(lines[:-1], start=1):
         if len(raw) > MAX_LINE_CHARS:
             reader.skip(number, raw, f"longer than {MAX_LINE_CHARS:,} characters: not read")
             continue
-        read = [reader.read(number, raw, piece) for piece in _pieces(_content(raw))]
+        read = [reader.read(number, raw, piece) for piece in _pieces(content(raw))]
         reader.split_lines += sum(read) > 1
     last = lines[-1]
-    if last.strip() and (len(last) > MAX_LINE_CHARS or _content(last).strip()):
+    if last.strip() and (len(last) > MAX_LINE_CHARS or content(last).strip()):
         reader.skip(len(lines), last, "cut off: the log ends without a newline")
     examples = tuple(f"line {n}: {_excerpt(raw)} ({why})" for n, raw, why in reader.skipped)
     if not (reader.timers or reader.iterations or reader.memory):
@@ -154,8 +159,8 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
         log_interval_hint=_log_interval_hint([record.iteration for record in reader.iterations]),
         unknown_segments=sum(record.unknown_segments for record in reader.iterations),
         split_lines=reader.split_lines,
-        world=parse_world(text),
-        arguments=parse_arguments(text),
+        world=parse_world(printed),
+        arguments=parse_arguments(printed),
     )
 
 
@@ -188,6 +193,17 @@ class _Reader:
                 f"{self.source}: line {self.number}: {problem}; nothing of this log is used"
             )
 
+    def going_back(self, record: IterationRecord) -> str | None:
+        """Why an iteration line cannot follow the one before it: Megatron counts up, so a
+        count that goes back is a second run's (a restart appended, two runs' lines mixed)."""
+        if self.iteration is None or record.iteration >= self.iteration:
+            return None
+        return (
+            f"iteration {record.iteration} follows iteration {self.iteration}: the log holds "
+            "more than one run (a restarted job appended to it, or two runs' lines mixed), "
+            "give each run's own log"
+        )
+
     def open_block(self, option: str) -> None:
         self.interval += 1
         self.option, self.block_iteration = option, self.iteration
@@ -197,7 +213,7 @@ class _Reader:
         self.seen.add((timer, rank))
         self.refuse(impossible_timer(timer, rank, values))
         self.timers += [
-            TimerRecord(self.interval, self.block_iteration, rank, timer, ms, stat)
+            TimerRecord(self.interval, self.block_iteration, rank, timer, ms, stat, self.number)
             for stat, ms in values
         ]
 
@@ -232,7 +248,7 @@ class _Reader:
                     number, raw, "an iteration line cut short or with a value that is no number"
                 )
             else:
-                self.refuse(impossible_iteration(record))
+                self.refuse(impossible_iteration(record) or self.going_back(record))
                 self.iterations.append(record)
                 self.iteration, self.option = record.iteration, None  # the printer moved on
         elif "memory (MB)" in line:
@@ -240,11 +256,18 @@ class _Reader:
             if match is not None and match["iteration"] is None:
                 return  # reports around save_checkpoint: not an iteration's memory
             if (record := _memory_record(match)) is None:
-                self.skip(number, raw, "a memory line without its four sizes")
+                self.skip(
+                    number,
+                    raw,
+                    "a memory line without its rank, iteration and four sizes, each a number",
+                )
             else:
                 self.refuse(impossible_memory(record))
                 self.memory.append(record)
-        elif (one_line := _one_line_block(line)) is not None:
+        elif _ONE_LINE.match(line):
+            if (one_line := _one_line_block(line)) is None:
+                self.skip(number, raw, "a one-line timer block with an entry no `name: number`")
+                return
             self.open_block("last")
             for timer, ms in one_line:
                 self.add(timer, None, (("last", ms),))
@@ -252,6 +275,9 @@ class _Reader:
         elif self.option == "all" and (match := _ALL_TIMER.match(line)):
             self.timer = match["timer"]
         elif (entry := _timer_entry(line, self.option, self.timer)) is not None:
+            if isinstance(entry, str):
+                self.skip(number, raw, entry)
+                return
             timer, rank, values, glued = entry
             if (timer, rank) in self.seen:
                 self.skip(number, raw, "repeats an entry of its timer block")
@@ -265,7 +291,7 @@ class _Reader:
             elif self.option is None:
                 self.skip(number, raw, "a timer entry outside any timer block")
             else:
-                self.skip(number, raw, "a timer entry whose value is no number")
+                self.skip(number, raw, _NOT_A_NUMBER)
 
 
 def _pieces(line: str) -> list[str]:
@@ -277,36 +303,33 @@ def _pieces(line: str) -> list[str]:
 
 def parse_iteration_line(raw: str) -> IterationRecord | None:
     """One iteration line as a live watcher sees it (prefixes allowed), or None."""
-    return _iteration_record(_content(raw))
+    return _iteration_record(content(raw))
 
 
-def _content(raw: str) -> str:
-    """The line as its writer printed it: launcher, time and logging prefixes taken off."""
-    # found from its bracket, then the blanks before it trimmed: a leading \s* would rescan
-    # every run of blanks from each of its positions (quadratic on a blank-heavy line)
-    dedup = _RAY_DEDUP.search(raw)
-    line = raw[: dedup.start()].rstrip() if dedup else raw
-    start = 0  # advanced, not sliced: a line of a thousand prefixes is not copied a thousand times
-    while (match := _PREFIX.match(line, start)) and not (
-        match["ray"] and not _RAY_PID.search(match["ray"])
-    ):
-        start = match.end()
-    return line[start:]
+_Entry = tuple[str, int | None, tuple[tuple[str, float], ...], bool]
 
 
-def _timer_entry(
-    line: str, option: str | None, timer: str | None
-) -> tuple[str, int | None, tuple[tuple[str, float], ...], bool] | None:
-    """(timer, rank, ((stat, ms), …), whether other text was glued on) for one line of an open
-    block, or None."""
+def _timer_entry(line: str, option: str | None, timer: str | None) -> _Entry | str | None:
+    """(timer, rank, ((stat, ms), …), whether other text was glued on) for one entry of the open
+    block; why it is dropped when a value of it is no number (``log_numbers``); None when
+    ``line`` is no entry of the block."""
     if option == "all" and timer is not None and (match := _ALL_RANK.match(line)):
-        return timer, int(match["rank"]), (("rank", float(match["ms"])),), bool(match["tail"])
-    if option == "max" and (match := _MAX.match(line)):
-        return match["timer"], None, (("max", float(match["ms"])),), bool(match["tail"])
-    if option == "minmax" and (match := _MINMAX.match(line)):
-        values = (("min", float(match["min"])), ("max", float(match["max"])))
-        return match["timer"], None, values, bool(match["tail"])
-    return None
+        rank, ms = read_count(match["rank"]), read_number(match["ms"].strip())
+        if rank is None or ms is None:
+            return _NOT_A_NUMBER
+        return timer, rank, (("rank", ms),), False
+    match = _DOTTED.match(line) if option in ("max", "minmax") else None
+    if match is None or not (match["dots"] or len(match["timer"]) >= _UNDOTTED_NAME):
+        return None
+    if option == "max":
+        ms = read_number(match["value"].strip())
+        return _NOT_A_NUMBER if ms is None else (match["timer"], None, (("max", ms),), False)
+    pair = _PAIR.match(match["value"])
+    values = [read_number(value) for value in pair["pair"].split(", ")] if pair else []
+    if pair is None or len(values) != 2 or values[0] is None or values[1] is None:
+        return _NOT_A_NUMBER
+    minmax = (("min", values[0]), ("max", values[1]))
+    return match["timer"], None, minmax, bool(pair["tail"])
 
 
 def _fields(segments: list[str]) -> tuple[dict[str, str], int]:
@@ -330,71 +353,59 @@ def _key_value(segment: str) -> tuple[str, str] | None:
 
 
 def _one_line_block(line: str) -> list[tuple[str, float]] | None:
-    """The ``name: ms`` entries of Megatron's old one-line timer block, or None when ``line`` is
-    none: ``time (ms)``, then entries each after a ``|``, a ``|`` at the end allowed."""
-    if not line.startswith(_ONE_LINE):
-        return None
-    head, *segments = line[len(_ONE_LINE) :].split("|")
-    if head.strip() or not segments:
-        return None
+    """The ``name: ms`` entries of Megatron's old one-line timer block (``time (ms)``, then
+    entries each after a ``|``, a ``|`` at the end allowed), or None when one is none."""
+    segments = line.split("|")[1:]
     if not segments[-1].strip() and len(segments) > 1:
         segments.pop()  # the closing "|"
     entries = []
     for segment in segments:
         name, colon, value = segment.partition(":")
-        if not colon or not name.strip() or not _NUMBER_ONLY.fullmatch(value.strip()):
+        ms = read_number(value.strip())
+        if not colon or not name.strip() or ms is None:
             return None
-        entries.append((name.strip(), float(value)))
+        entries.append((name.strip(), ms))
     return entries
 
 
-def _optional(convert: type[int] | type[float], value: str | None) -> int | float | None:
-    return None if value is None else convert(value)
-
-
 def _iteration_record(line: str) -> IterationRecord | None:
-    """The iteration line's fields; None if it is cut short or a value does not parse."""
+    """The iteration line's fields; None if it is cut short or a value it has a field for is
+    no number (``log_numbers``)."""
     match = _ITERATION.search(line)
     if match is None or not match["rest"].rstrip().endswith("|"):
         return None  # Megatron ends the line with " |": anything else lost its tail
     fields, unknown = _fields(match["rest"].rstrip().split("|")[:-1])
     if match["fork"]:
         fields = {_FORK_KEYS.get(k, k.replace("_", " ")): v for k, v in fields.items()}
-    if "elapsed time per iteration (ms)" not in fields:
+    values: dict[str, Any] = {}
+    for name, (key, read) in _ITERATION_FIELDS.items():
+        values[name] = None if key not in fields else read(fields[key])
+        if key in fields and values[name] is None:
+            return None
+    losses = {k: read_number(v) for k, v in fields.items() if "loss" in k and k != "loss scale"}
+    iteration, train_iters = read_count(match["iteration"]), read_count(match["train_iters"])
+    if None in (iteration, train_iters, values["elapsed_ms"], *losses.values()):
         return None
-    try:
-        return IterationRecord(
-            iteration=int(match["iteration"]),
-            train_iters=int(match["train_iters"]),
-            consumed_samples=_optional(int, fields.get("consumed samples")),
-            elapsed_ms=float(fields["elapsed time per iteration (ms)"]),
-            throughput_tflops=_optional(float, fields.get("throughput per GPU (TFLOP/s/GPU)")),
-            learning_rate=_optional(float, fields.get("learning rate")),
-            global_batch_size=_optional(int, fields.get("global batch size")),
-            losses={k: float(v) for k, v in fields.items() if "loss" in k and k != "loss scale"},
-            loss_scale=_optional(float, fields.get("loss scale")),
-            grad_norm=_optional(float, fields.get("grad norm")),
-            skipped_iterations=_optional(int, fields.get("number of skipped iterations")),
-            nan_iterations=_optional(int, fields.get("number of nan iterations")),
-            unknown_segments=unknown,
-        )
-    except ValueError:
-        return None
+    return IterationRecord(
+        iteration=iteration,
+        train_iters=train_iters,
+        losses=losses,
+        unknown_segments=unknown,
+        **values,
+    )
 
 
 def _memory_record(match: re.Match[str] | None) -> MemoryRecord | None:
-    """The four sizes of a ``(after K iterations)`` memory line; None if one is missing."""
+    """The rank, iteration and four sizes of a ``(after K iterations)`` memory line; None if
+    one is missing or no number (``log_numbers``)."""
     if match is None or match["rest"] is None:
         return None
     fields, _ = _fields(match["rest"].split("|")[1:])
-    keys = ("allocated", "max allocated", "reserved", "max reserved")
-    if not all(key in fields for key in keys):
+    sizes = [read_number(fields.get(key, "")) for key in _MEMORY_SIZES]
+    rank, iteration = read_count(match["rank"]), read_count(match["iteration"])
+    if rank is None or iteration is None or None in sizes:
         return None
-    try:
-        sizes = [float(fields[key]) for key in keys]
-    except ValueError:
-        return None
-    return MemoryRecord(int(match["rank"]), int(match["iteration"]), *sizes)
+    return MemoryRecord(rank, iteration, *sizes)
 
 
 def _log_interval_hint(iterations: list[int]) -> int | None:

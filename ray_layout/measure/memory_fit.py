@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.optimize import nnls
 
 from ray_layout.measure.observations import RunObservation
+from ray_layout.measure.solvers import bounded_nnls
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.memory_settings import MemorySettings
@@ -129,10 +129,10 @@ def fit_memory(
     with_fixed = np.column_stack([a[:, pinned], np.full(len(y), GIB)])
     unknowns = int(pinned.sum()) + 1
     if len(y) > unknowns and np.linalg.matrix_rank(with_fixed) == unknowns:
-        solution, _ = nnls(with_fixed, y)
+        solution = bounded_nnls(with_fixed, y, "the memory calibration")
         fixed = float(solution[-1])
     else:
-        solution, _ = nnls(a[:, pinned], y)
+        solution = bounded_nnls(a[:, pinned], y, "the memory calibration")
         fixed = 0.0
     factors = dict.fromkeys(units, 1.0)
     for unit, value in zip(np.array(units)[pinned], solution, strict=False):

@@ -41,14 +41,36 @@ def table_of(keys: set[str], columns: Mapping[str, str]) -> pa.Schema:
     return pa.schema([*fields, pa.field("schema_version", INT, nullable=False)])
 
 
-def _tables(path: Path) -> dict[str, pa.Schema]:
+def _tables(path: Path) -> dict[str, Any]:
     """The tables declared in ``store_tables.toml`` (data, so each column keeps its note)."""
     with path.open("rb") as file:
-        declared = tomllib.load(file)
-    return {name: table_of(set(t["keys"]), t["columns"]) for name, t in declared.items()}
+        return tomllib.load(file)
 
 
-TABLE_SCHEMAS: dict[str, pa.Schema] = _tables(TABLES_FILE)
+_DECLARED = _tables(TABLES_FILE)
+TABLE_SCHEMAS: dict[str, pa.Schema] = {
+    name: table_of(set(t["keys"]), t["columns"]) for name, t in _DECLARED.items()
+}
+# Columns every row of a run that declares what it ran must hold, beyond the keys (which no
+# write lets be null): an ingested run is read whole or not at all.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    name: tuple(t.get("required", ())) for name, t in _DECLARED.items()
+}
+DECLARATION: tuple[str, ...] = tuple(_DECLARED["runs"]["declaration"])
+
+
+def declaration(row: Mapping[str, Any]) -> dict[str, Any]:
+    """What a ``runs`` row declares its run ran, as plain values (a null is None, a whole float
+    an int), so a row read back, a row to write and a claim's JSON compare equal."""
+    return {column: plain(row.get(column)) for column in DECLARATION}
+
+
+def plain(value: Any) -> Any:
+    if hasattr(value, "item"):  # a numpy scalar
+        value = value.item()
+    if isinstance(value, float):
+        return None if value != value else int(value) if value.is_integer() else value
+    return value
 
 
 def table_schema(table: str) -> pa.Schema:

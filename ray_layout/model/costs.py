@@ -9,7 +9,6 @@ the format field by field; loading rejects anything else with a one-line :class:
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -19,18 +18,24 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from ray_layout.errors import ConfigError, clipped, quoted
-from ray_layout.model.fields import MAX_DIMENSION, MAX_PARALLEL_SIZE, ModelSpec
+from ray_layout.errors import ConfigError, MeasurementError, clipped, quoted
+from ray_layout.model.cost_checks import (
+    BOUNDS,
+    TIME,
+    TIMES,
+    UNIT_MAPS,
+    field_value,
+    implausible,
+)
+from ray_layout.model.fields import ModelSpec
 from ray_layout.model.files import read_mapping
 from ray_layout.model.sizing import (
     DECODER,
-    DECODER_UNITS,
     DENSE_DECODER,
     EMBEDDING,
     GRAD_BYTES,
     LOSS,
     MOE_DECODER,
-    MTP,
     OPTIMIZER_BYTES,
     WEIGHT_BYTES,
     StageSize,
@@ -43,7 +48,6 @@ from ray_layout.model.traffic import HBM_GB_PER_S, a2a_ms, embedding_ms
 
 FORMAT = "ray_layout.costs/1"
 SOURCES = ("fit", "flops", "manual")
-UNITS = (EMBEDDING, *DECODER_UNITS, MTP, LOSS)
 
 # Bytes Adam moves per parameter it updates: reads the fp32 gradient and its 12 bytes of state,
 # writes the state back and the bf16 weight.
@@ -106,91 +110,28 @@ class UnitCosts:
                 object.__setattr__(self, f.name, MappingProxyType(dict(value)))
 
 
-_COUNTS = {  # the largest each run-shape count may be
-    "micro_batch_size": MAX_PARALLEL_SIZE,
-    "seq_length": MAX_DIMENSION,
-    "tp": MAX_PARALLEL_SIZE,
-    "ep": MAX_PARALLEL_SIZE,
-    "cp": MAX_PARALLEL_SIZE,
-    "vocab_size": MAX_DIMENSION,
-    "gpus_per_node": MAX_PARALLEL_SIZE,
-}
-_TEXTS = frozenset({"source", "model", "format"})
-_UNIT_MAPS = frozenset({"forward_ms", "backward_ms", "jitter_cv", "memory_calibration"})
-
-
-@dataclass(frozen=True)
-class Bound:
-    """The physical range of a number: outside it a value is a typo or a broken fit, and a plan
-    made with it would be nonsense with a flag to paste beside it.  ``zero``: 0 (none) is
-    allowed below ``low``."""
-
-    low: float
-    high: float
-    unit: str = ""
-    zero: bool = False
-    why: str = ""
-
-    def check(self, value: Any, name: str, source: str) -> float:
-        """``value`` as a float in the range, or a ConfigError saying which bound it passed."""
-        finite = isinstance(value, int | float) and not isinstance(value, bool)
-        if not finite or not math.isfinite(value):
-            raise ConfigError(f"{source}: {name} must be a finite number, got {quoted(value)}")
-        if value == 0 and self.zero:
-            return 0.0
-        if value < self.low:
-            lowest = f"0 or at least {self.low:g}" if self.zero else f"at least {self.low:g}"
-            raise ConfigError(
-                f"{source}: {name} must be {lowest}{self.unit}{self.why}, got {quoted(value)}"
-            )
-        if value > self.high:
-            raise ConfigError(
-                f"{source}: {name} must be at most {self.high:g}{self.unit}, got {quoted(value)}"
-            )
-        return float(value)
-
-
-# A nanosecond is shorter than any GPU operation; 10^7 ms (about 3 hours) longer than any step.
-TIME = Bound(1e-6, 1e7, " ms", zero=True, why=" (1 ns)")
-BOUNDS = {
-    **dict.fromkeys(
-        (
-            "forward_ms",
-            "backward_ms",
-            "p2p_intra_node_ms",
-            "p2p_inter_node_ms",
-            "grad_sync_ms_per_gparam",
-            "optimizer_ms_per_gparam",
-            "tail_fixed_ms",
-            "a2a_ms",
-        ),
-        TIME,
-    ),
-    "jitter_cv": Bound(0.0, 1.0),  # a spread as large as the time itself
-    "memory_calibration": Bound(0.05, 20.0),  # the range the fit clips its factors to
-    "memory_overhead_gib": Bound(0.0, 1024.0, " GiB"),
-    "mtp_standalone_factor": Bound(0.5, 4.0),  # the seed study measured 1.12
-}
-
-
 def within_bounds(costs: UnitCosts) -> tuple[UnitCosts, tuple[str, ...]]:
     """A fit's costs moved into the ranges :func:`load_costs` accepts, so what ``fit -o``
     writes always loads: a time under a nanosecond is none, a spread past the time is clipped
-    (said in a warning)."""
+    (said in a warning); what no move can mend (a transfer longer than the distributed timeout)
+    is a MeasurementError, as the runs' timers cannot be right."""
 
     def time(value: float) -> float:
         return 0.0 if 0 < value < TIME.low else value
 
-    times = [name for name, bound in BOUNDS.items() if bound is TIME and name not in _UNIT_MAPS]
     high = BOUNDS["jitter_cv"].high
     clipped_units = sorted(unit for unit, cv in costs.jitter_cv.items() if cv > high)
     moved = replace(
         costs,
-        **{name: time(getattr(costs, name)) for name in times},
+        **{name: time(getattr(costs, name)) for name in TIMES if name not in UNIT_MAPS},
         forward_ms={unit: time(ms) for unit, ms in costs.forward_ms.items()},
         backward_ms={unit: time(ms) for unit, ms in costs.backward_ms.items()},
         jitter_cv={unit: min(cv, high) for unit, cv in costs.jitter_cv.items()},
     )
+    try:
+        costs_from_dict(costs_to_dict(moved), source="the fitted costs")
+    except ConfigError as exc:
+        raise MeasurementError(f"{exc}: the runs' timers cannot give that") from None
     warnings = (
         (
             f"jitter of {', '.join(clipped_units)} clipped to {high:g} (a spread past the time "
@@ -207,33 +148,6 @@ _REQUIRED = tuple(
 )
 
 
-def _field(key: str, value: Any, source: str) -> Any:
-    """One top-level value, checked for its kind and its physical range."""
-    if key in _COUNTS:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{source}: {key} must be a positive integer, got {quoted(value)}")
-        if value > _COUNTS[key]:
-            raise ConfigError(f"{source}: {key} must be <= {_COUNTS[key]:,}, got {quoted(value)}")
-        return value
-    if key in _TEXTS:
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{source}: {key} must be a non-empty string, got {quoted(value)}")
-        return value
-    if key in _UNIT_MAPS:
-        if not isinstance(value, dict):
-            raise ConfigError(
-                f"{source}: {key} must be an object of unit name to number, got {quoted(value)}"
-            )
-        unknown = sorted(map(str, set(value) - set(UNITS)))
-        if unknown:
-            raise ConfigError(
-                f"{source}: {key} has unknown unit(s) {clipped(', '.join(unknown))}; "
-                f"units are {', '.join(UNITS)}"
-            )
-        return {u: BOUNDS[key].check(v, f"{key}.{u}", source) for u, v in value.items()}
-    return BOUNDS[key].check(value, key, source)
-
-
 def costs_from_dict(raw: Mapping[str, Any], *, source: str) -> UnitCosts:
     """Check a parsed COSTS.json mapping key by key and build the costs it describes."""
     if raw.get("format") != FORMAT:  # first: another version may have other keys
@@ -245,7 +159,7 @@ def costs_from_dict(raw: Mapping[str, Any], *, source: str) -> UnitCosts:
     for key in _REQUIRED:
         if key not in raw:
             raise ConfigError(f"{source}: missing required key {key}")
-    values = {key: _field(key, value, source) for key, value in raw.items()}
+    values = {key: field_value(key, value, source) for key, value in raw.items()}
     if values["source"] not in SOURCES:
         raise ConfigError(
             f"{source}: source must be one of {', '.join(SOURCES)}, got {quoted(values['source'])}"
@@ -270,6 +184,12 @@ def load_costs(path: str | Path) -> UnitCosts:
     """Read a COSTS.json file."""
     path = Path(path)
     return costs_from_dict(read_mapping(path, str(path)), source=str(path))
+
+
+def costs_warnings(costs: UnitCosts) -> tuple[str, ...]:
+    """What ``costs`` hold that no real run does (:func:`cost_checks.implausible`), one line
+    each, for a command to print before it plans with them."""
+    return implausible(costs_to_dict(costs))
 
 
 def costs_to_dict(costs: UnitCosts) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, get_args, get_origin, get_type_hints
 
-from ray_layout.errors import ConfigError, quoted
+from ray_layout.errors import ConfigError, one_line, quoted
+from ray_layout.model.config_values import integer
 
 # Bounds far above any real model or cluster: a typo (a billion layers, a 20-digit size) ends in
 # one line naming the field, not in a MemoryError, an OverflowError or an hour of work.
@@ -276,19 +277,17 @@ def checked(
     minimum: int | None = None,
     maximum: int = MAX_DIMENSION,
 ) -> Any:
-    """``value`` of ``key`` as ``kind`` (an integral float as an int), or a one-line ConfigError."""
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        if not (isinstance(value, float) and value.is_integer()):
-            raise ConfigError(f"{source}: {key} must be an integer, got {quoted(value)}")
-        value = int(value)
-    if kind is int and abs(value) > maximum:
-        raise ConfigError(f"{source}: {key} must be <= {maximum:,}, got {quoted(value)}")
-    if kind is int and minimum is not None and value < minimum:
-        raise ConfigError(f"{source}: {key} must be >= {minimum}, got {value}")
+    """``value`` of ``key`` as ``kind`` (an integral float as an int), or a one-line ConfigError;
+    text is kept printable (a name's terminal escape sequence is shown, never acted on)."""
+    if kind is int:
+        low = -maximum if minimum is None else minimum
+        return integer(value, key, source, low=low, high=maximum, whole_floats=True)
     if kind is bool and not isinstance(value, bool):
         raise ConfigError(f"{source}: {key} must be true or false, got {quoted(value)}")
-    if kind is str and not isinstance(value, str):
-        raise ConfigError(f"{source}: {key} must be a string, got {quoted(value)}")
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: {key} must be a string, got {quoted(value)}")
+        return one_line(value)
     return value
 
 

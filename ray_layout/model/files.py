@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -140,12 +141,21 @@ def _yaml(text: str, source: str) -> Any:
         loader.dispose()
 
 
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """PyYAML's safe loader that checks the composed document before building anything from it:
-    its size with aliases expanded, and its keys."""
+    its size with aliases expanded, and its keys.  A number is one only in plain decimal: YAML
+    1.1 reads ``1_6`` and ``1:30`` as 16 and 90, ``016`` as octal 14 and ``0x10`` as 16, which
+    no one writing a layer count means; those stay text, which the field's reader refuses."""
 
     source = "YAML"
     composed = 0
+    yaml_implicit_resolvers: ClassVar[dict[str, list[tuple[str, re.Pattern[str]]]]] = {
+        first: [(tag, pattern) for tag, pattern in resolvers if tag not in (_INT, _FLOAT)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
 
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
         """Stop composing a document past the bound (an alias counts once here, so this only
@@ -198,3 +208,16 @@ class _BoundedLoader(yaml.SafeLoader):
             if key in keys:
                 raise ConfigError(f"{where}: duplicate key {quoted(key)}")
             keys.add(key)
+
+
+_BoundedLoader.add_implicit_resolver(
+    _INT, re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"), list("-+0123456789")
+)
+_BoundedLoader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"^(?:[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+        r"|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)

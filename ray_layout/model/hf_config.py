@@ -34,7 +34,7 @@ from ray_layout.model import hf_flags
 from ray_layout.model.fields import HF_FIELDS, MAX_LAYERS
 from ray_layout.model.files import read_mapping
 from ray_layout.model.hf_families import FAMILIES
-from ray_layout.model.hf_flags import training_flags, with_user_flags
+from ray_layout.model.hf_flags import rotary_notes, training_flags, with_user_flags
 from ray_layout.model.hf_keys import Family, boolean, experts, integer, layer_indices, optional_int
 from ray_layout.model.spec import Recipe, build_recipe, megatron_args_of
 
@@ -108,11 +108,22 @@ def load_hf_config(
         *family.flags(raw, recipe.model, source),
     )
     user = megatron_args_of(raw.get("megatron_args"), source)
+    built = recipe.model
     return replace(
         recipe,
         megatron_args=with_user_flags(derived, user),
-        notes=family.notes(raw, recipe.model),
+        notes=_one_note(family.notes(raw, built), rotary_notes(raw, built), built.name),
     )
+
+
+def _one_note(lines: tuple[str, ...], phrases: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """The family's note with what the rotary flags leave out added to its line: one line a
+    model."""
+    if not phrases:
+        return lines
+    if lines:
+        return (*lines[:-1], f"{lines[-1]}; {'; '.join(phrases)}")
+    return (f"{name}: {'; '.join(phrases)}",)
 
 
 def _text_model(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], str]:
@@ -174,8 +185,8 @@ def _deepseek(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
         return fields
     fields |= experts(raw, "n_routed_experts", "moe_intermediate_size", source)
     shared = integer(raw, "n_shared_experts", source, default=0, minimum=0)
-    first_dense = integer(raw, "first_k_dense_replace", source, default=0, minimum=0)
-    every = integer(raw, "moe_layer_freq", source, default=1)
+    first_dense = _first_dense(raw, num_layers, source, default=0)
+    every = integer(raw, "moe_layer_freq", source, default=1, **_within(num_layers))
     fields["moe_shared_expert_intermediate_size"] = shared * fields["moe_ffn_hidden_size"]
     fields["moe_layer_freq"] = [int(i >= first_dense and i % every == 0) for i in range(num_layers)]
     return fields
@@ -188,7 +199,7 @@ def _glm4_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
     DeepSeek); Glm4MoeConfig's one shared expert and one dense layer where those are missing."""
     fields: dict[str, Any] = experts(raw, "n_routed_experts", "moe_intermediate_size", source)
     shared = integer(raw, "n_shared_experts", source, default=1, minimum=0)
-    first_dense = integer(raw, "first_k_dense_replace", source, default=1, minimum=0)
+    first_dense = _first_dense(raw, num_layers, source, default=1)
     return fields | {
         "moe_shared_expert_intermediate_size": shared * fields["moe_ffn_hidden_size"],
         "moe_layer_freq": [int(i >= first_dense) for i in range(num_layers)],
@@ -196,6 +207,20 @@ def _glm4_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
         "add_qkv_bias": boolean(raw, "attention_bias", source),
         "qk_layernorm": boolean(raw, "use_qk_norm", source),
     }
+
+
+def _first_dense(raw: dict[str, Any], num_layers: int, source: str, default: int) -> int:
+    """``first_k_dense_replace``: the dense layers before the first MoE one, at most all."""
+    why = f" (the dense layers before the first MoE one, of the {num_layers})"
+    return integer(
+        raw, "first_k_dense_replace", source, default, minimum=0, maximum=num_layers, why=why
+    )
+
+
+def _within(num_layers: int) -> dict[str, Any]:
+    """The bound of a layer step (``moe_layer_freq``, ``decoder_sparse_step``): past the layer
+    count is a typo."""
+    return {"maximum": num_layers, "why": f" (a step within the {num_layers} layers)"}
 
 
 def _mtp_layers(raw: dict[str, Any], source: str) -> int:
@@ -208,7 +233,7 @@ def _qwen_moe(raw: dict[str, Any], num_layers: int, source: str) -> dict[str, An
     """Qwen2-MoE / Qwen3-MoE: layer i is MoE when ``(i + 1) % decoder_sparse_step == 0`` and i is
     not in ``mlp_only_layers``; Qwen2-MoE adds a shared expert of its own width."""
     fields: dict[str, Any] = experts(raw, "num_experts", "moe_intermediate_size", source)
-    step = integer(raw, "decoder_sparse_step", source, default=1)
+    step = integer(raw, "decoder_sparse_step", source, default=1, **_within(num_layers))
     dense = layer_indices(raw, "mlp_only_layers", num_layers, source) or frozenset()
     fields["moe_shared_expert_intermediate_size"] = integer(
         raw, "shared_expert_intermediate_size", source, default=0, minimum=0

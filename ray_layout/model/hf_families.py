@@ -121,12 +121,9 @@ def _gpt_oss_notes(raw: Raw, model: ModelSpec) -> tuple[str, ...]:
     windowed = (
         f"its {window}-token sliding window on {sum(marked)} of {model.num_layers} layers and "
     )
-    rope = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
-    yarn = isinstance(rope, dict) and "yarn" in (rope.get("rope_type"), rope.get("type"))
     return (
         f"{model.name}: {windowed if window else ''}its attention sinks train as released, but "
-        "FLOPs count full causal attention on every layer (as Megatron's own count does)"
-        + ("; its YaRN rotary scaling has no Megatron flag outside MLA" if yarn else ""),
+        "FLOPs count full causal attention on every layer (as Megatron's own count does)",
     )
 
 
@@ -189,12 +186,6 @@ def _llama4_notes(raw: Raw, model: ModelSpec) -> tuple[str, ...]:
         parts.append(
             f"its L2 QK norm, on its {no_rope.count(False)} RoPE layers only, is applied on all "
             f"{model.num_layers} (--qk-l2-norm has no per-layer pattern)"
-        )
-    scaling = hf_flags.llama3_scaling_differences(raw, "config")
-    if scaling:
-        parts.append(
-            f"its llama3 RoPE scaling's {', '.join(scaling)} has no Megatron flag: it trains with "
-            "Megatron's"
         )
     if raw.get("vision_config"):
         parts.append("its vision encoder is not read")

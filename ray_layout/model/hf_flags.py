@@ -9,24 +9,30 @@ become flags of Megatron core_v0.16.1 that the recipe carries as its own, ahead 
 
 Where the file is silent a key takes the default of the family's HF config class, or what its
 modeling code hard-wires (GLM-4.5 routes by sigmoid with a score-correction bias, whatever the
-file says).  What Megatron 0.16.1 has no flag for is left out: YaRN outside MLA, YaRN's
-``beta_fast``, ``beta_slow`` and ``original_max_position_embeddings`` (Megatron fixes 32, 1 and
-4096), llama3 scaling's frequency factors and original length (Megatron fixes 1, 4 and 8192;
-:func:`llama3_scaling_differences` names where a file differs), sigmoid top-k weights left
-unnormalized (Megatron normalizes them), and DeepSeek-V2's max-score group choice (Megatron ranks
-a group by the sum of its top topk/group_topk scores, which for DeepSeek-V3's top-8 over 4 chosen
-groups is its top-2 sum).
+file says).  Of transformers' RoPE scalings Megatron 0.16.1 trains llama3 (``--use-rope-scaling``),
+linear by a whole factor (``--rotary-seq-len-interpolation-factor``) and, for MLA only, YaRN
+(``--rope-type yarn``); dynamic NTK scaling is plain RoPE up to ``max_position_embeddings``.
+What it has no flag for, :func:`rotary_notes` says in the recipe's note: YaRN outside MLA,
+longrope, any scaling but YaRN for MLA, a fractional linear factor, YaRN's ``beta_fast``,
+``beta_slow`` and ``original_max_position_embeddings`` where they differ from the 32, 1 and
+4096 Megatron fixes, llama3's frequency factors and original length where they differ from its 1,
+4 and 8192; an unknown ``rope_type`` is an error.  Left out without a note: sigmoid top-k weights
+left unnormalized (Megatron normalizes them), and DeepSeek-V2's max-score group choice (Megatron
+ranks a group by the sum of its top topk/group_topk scores, which for DeepSeek-V3's top-8 over 4
+chosen groups is its top-2 sum).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ray_layout.errors import ConfigError, quoted
-from ray_layout.model.fields import ModelSpec
+from ray_layout.model.config_values import Bound
+from ray_layout.model.config_values import integer as config_integer
+from ray_layout.model.config_values import number as config_number
+from ray_layout.model.fields import MAX_DIMENSION, ModelSpec
 from ray_layout.model.megatron_args import megatron_flag_table
 
 Flag = tuple[str, ...]  # one option and its values, as on a command line
@@ -196,10 +202,11 @@ def _rotary(raw: Mapping[str, Any], model: ModelSpec, d: Defaults, source: str) 
             "takes an integer"
         )
     flags: list[Flag] = [("--rotary-base", str(int(theta)))]
-    kind = params.get("rope_type", params.get("type")) or "default"
+    kind = _rope_kind(params, where, source)
     if model.mla is not None:  # MLA ropes its own qk_pos_emb_head_dim; it defaults to YaRN x40
         if kind != "yarn":
             return [*flags, ("--rope-type", "rope"), ("--no-rope-fusion",)]  # fusion needs YaRN
+        _differences(params, where, kind, source)  # checks the keys it has no flag for
         return [*flags, *_yarn(params, where, source)]
     share = raw.get("partial_rotary_factor", params.get("partial_rotary_factor"))
     share = number("partial_rotary_factor", share, d.partial_rotary_factor, source)
@@ -207,35 +214,86 @@ def _rotary(raw: Mapping[str, Any], model: ModelSpec, d: Defaults, source: str) 
         raise ConfigError(f"{source}: partial_rotary_factor must be at most 1, got {share:g}")
     if share != 1.0:
         flags.append(("--rotary-percent", flag_text(share)))
-    if kind == "llama3":  # Megatron fixes the low/high frequency factors 1 and 4 and 8192 tokens
-        llama3_scaling_differences(raw, source)  # checks the keys it has no flag for
+    if kind == "llama3":
+        _differences(params, where, kind, source)
         flags += [
             ("--use-rope-scaling",),
             ("--rope-scaling-factor", flag_text(_factor(params, where, source))),
         ]
+    if kind == "linear" and (factor := _factor(params, where, source)).is_integer():
+        # positions divided by the factor, as transformers' linear scaling divides inv_freq
+        flags.append(("--rotary-seq-len-interpolation-factor", str(int(factor))))
     return flags
 
 
-# What Megatron's llama3 scaling (RotaryEmbedding._apply_scaling) fixes and has no flag for.
-LLAMA3_FIXED = {
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192.0,
+# transformers' rope types (ROPE_INIT_FUNCTIONS)
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+# What Megatron fixes and has no flag for: llama3 scaling's (RotaryEmbedding._apply_scaling) and
+# MLA's YaRN's (TransformerConfig's beta_fast, beta_slow, original_max_position_embeddings).
+FIXED = {
+    "llama3": {
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192.0,
+    },
+    "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "original_max_position_embeddings": 4096.0},
 }
 
 
-def llama3_scaling_differences(raw: Mapping[str, Any], source: str) -> tuple[str, ...]:
-    """Where a ``rope_type: llama3`` scaling differs from what Megatron fixes, one phrase each
-    (``high_freq_factor 1 (Megatron's is 4)``); none for another rope type or a missing key."""
-    params, where = _rope_parameters(raw, source)
-    if (params.get("rope_type", params.get("type")) or "default") != "llama3":
-        return ()
+def _rope_kind(params: Mapping[str, Any], where: str, source: str) -> str:
+    kind = params.get("rope_type", params.get("type")) or "default"
+    if kind not in ROPE_TYPES:
+        raise ConfigError(
+            f"{source}: {where} rope_type {quoted(kind)} is not one of {', '.join(ROPE_TYPES)}"
+        )
+    return kind
+
+
+def _differences(params: Mapping[str, Any], where: str, kind: str, source: str) -> list[str]:
+    """Where a scaling's keys differ from what Megatron fixes, one phrase each (``high_freq_factor
+    1 (Megatron's is 4)``); none for a missing key."""
     differences = []
-    for key, fixed in LLAMA3_FIXED.items():
+    for key, fixed in FIXED.get(kind, {}).items():
         value = number(f"{where} {key}", params.get(key), fixed, source)
         if value != fixed:
             differences.append(f"{key} {value:g} (Megatron's is {fixed:g})")
-    return tuple(differences)
+    return differences
+
+
+def rotary_notes(raw: Mapping[str, Any], model: ModelSpec) -> tuple[str, ...]:
+    """What the file's RoPE scaling asks that no Megatron core_v0.16.1 flag carries, one phrase
+    each: profiling runs train the model without it (its sizes are the same).  ``raw`` has been
+    read by :func:`training_flags`, which refused what is malformed."""
+    if model.position_embedding_type != "rope":
+        return ()
+    params, where = _rope_parameters(raw, "config")
+    kind, mla = _rope_kind(params, where, "config"), model.mla is not None
+    # the factor was read where the flag takes it: a non-MLA linear scaling's
+    whole = kind == "linear" and not mla and float(params["factor"]).is_integer()
+    if {"default": True, "llama3": not mla, "yarn": mla, "linear": whole}.get(kind, False):
+        differences = _differences(params, where, kind, "config")
+        return (
+            (f"its {kind} RoPE scaling's {', '.join(differences)} has no Megatron flag: it trains "
+             "with Megatron's",)
+            if differences
+            else ()
+        )  # fmt: skip
+    if kind == "dynamic":
+        return (
+            "its dynamic NTK RoPE scaling has no Megatron flag; it acts only past "
+            f"max_position_embeddings ({quoted(raw.get('max_position_embeddings'))} tokens), "
+            "and up to there it is plain RoPE, as the runs train it",
+        )
+    if mla:
+        why = " for MLA"
+    elif kind == "linear":
+        why = f" (--rotary-seq-len-interpolation-factor takes an integer, not {params['factor']:g})"
+    else:
+        why = " outside MLA" if kind == "yarn" else ""
+    return (
+        f"its {kind} RoPE scaling has no Megatron core_v0.16.1 flag{why}: the runs train plain "
+        "RoPE",
+    )
 
 
 def _rope_parameters(raw: Mapping[str, Any], source: str) -> tuple[dict[str, Any], str]:
@@ -273,23 +331,21 @@ def _factor(params: Mapping[str, Any], where: str, source: str) -> float:
 
 
 def _group(value: Any, key: str, source: str) -> int:
-    if type(value) is not int or value < 1:
-        raise ConfigError(f"{source}: {key} must be an integer >= 1, got {quoted(value)}")
-    return value
+    return config_integer(value, key, source, low=1, high=MAX_DIMENSION)
+
+
+# Above any released model's rotary base (500,000 to 5e6), scaling factor or epsilon: a typo.
+HF_NUMBER_LIMIT = 1e12
+_POSITIVE = Bound(0.0, HF_NUMBER_LIMIT, above=True)
+_NOT_NEGATIVE = Bound(0.0, HF_NUMBER_LIMIT)
 
 
 def number(name: str, value: Any, default: float, source: str, *, zero: bool = False) -> float:
-    """``value`` as a finite number > 0 (>= 0 with ``zero``); ``default`` for a missing one."""
+    """``value`` as a finite number > 0 (>= 0 with ``zero``) up to HF_NUMBER_LIMIT; ``default``
+    for a missing one."""
     if value is None:
         return default
-    low = (lambda v: v >= 0) if zero else (lambda v: v > 0)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low(value):
-        raise ConfigError(
-            f"{source}: {name} must be a number {'>=' if zero else '>'} 0, got {quoted(value)}"
-        )
-    if not math.isfinite(value):
-        raise ConfigError(f"{source}: {name} must be finite, got {quoted(value)}")
-    return float(value)
+    return config_number(value, name, source, _NOT_NEGATIVE if zero else _POSITIVE)
 
 
 def flag_text(value: float) -> str:

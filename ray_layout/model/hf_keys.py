@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ray_layout.errors import ConfigError, quoted
+from ray_layout.model.config_values import integer as config_integer
 from ray_layout.model.fields import MAX_DIMENSION
 from ray_layout.model.hf_flags import Defaults
 
@@ -53,17 +54,19 @@ class Family:
 
 
 def optional_int(
-    raw: Raw, key: str, source: str, minimum: int = 1, maximum: int = MAX_DIMENSION
+    raw: Raw,
+    key: str,
+    source: str,
+    minimum: int = 1,
+    maximum: int = MAX_DIMENSION,
+    why: str = "",
 ) -> int | None:
+    """``raw[key]`` as an int in ``[minimum, maximum]`` (``why``: where ``maximum`` comes from);
+    None when the key is absent."""
     value = raw.get(key)
     if value is None:
         return None
-    if type(value) is not int:
-        raise ConfigError(f"{source}: {key} must be an integer, got {quoted(value)}")
-    if not minimum <= value <= maximum:
-        bound = f">= {minimum}" if value < minimum else f"<= {maximum:,}"
-        raise ConfigError(f"{source}: {key} must be {bound}, got {quoted(value)}")
-    return value
+    return config_integer(value, key, source, low=minimum, high=maximum, why=why)
 
 
 def boolean(raw: Raw, key: str, source: str, default: bool = False) -> bool:
@@ -82,9 +85,10 @@ def integer(
     default: int | None = None,
     minimum: int = 1,
     maximum: int = MAX_DIMENSION,
+    why: str = "",
 ) -> int:
     """``raw[key]`` checked; a missing key takes ``default`` or, without one, is an error."""
-    value = optional_int(raw, key, source, minimum, maximum)
+    value = optional_int(raw, key, source, minimum, maximum, why)
     if value is None and default is None:
         raise ConfigError(f"{source}: missing key {key}")
     return default if value is None else value

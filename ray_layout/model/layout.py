@@ -17,35 +17,61 @@ from ray_layout.errors import LayoutError
 EMBEDDING, DECODER, MTP, LOSS = "E", "t", "m", "L"
 SYMBOLS = frozenset("EtmL")
 MAX_EXPANDED_LENGTH = 1_000_000  # Megatron has no cap; a typo like t*99999999 should not hang us
+MAX_LAYOUT_TEXT = MAX_EXPANDED_LENGTH  # characters of a layout string as written
 
-_GROUP_REPEAT = re.compile(r"\(([^)]+)\)\*(\d+)")
+_COUNT = re.compile(r"\*(\d+)")  # Megatron's ``\d``: any script's digits, as int() reads them
 _SYMBOL_REPEAT = re.compile(r"(.)\*(\d+)")
 
 
-def _unroll(pattern: re.Pattern[str], text: str) -> str:
-    """``text`` with ``pattern``'s repeats unrolled; the cap holds for the whole layout, so a
+class _Expansion:
+    """The length of a layout while it is unrolled: the cap holds for the whole layout, so that a
     thousand repeats that are each under it cannot add up to gigabytes."""
-    expanded = len(text)
 
-    def repeat(match: re.Match[str]) -> str:
-        nonlocal expanded
-        unit, digits = match.group(1), match.group(2).lstrip("0")
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def repeat(self, unit: str, digits: str, written: int) -> str:
+        """``unit`` ``digits`` times, in place of the ``written`` characters that said so."""
+        digits = digits.lstrip("0")
         # more digits than the cap has: too many, and never turned into an int (Python refuses
         # over 4,300 digits)
         times = int(digits or "0") if len(digits) <= len(str(MAX_EXPANDED_LENGTH)) else None
         if times is not None:
-            expanded += len(unit) * times - len(match.group(0))
-        if times is None or expanded > MAX_EXPANDED_LENGTH:
+            self.length += len(unit) * times - written
+        if times is None or self.length > MAX_EXPANDED_LENGTH:
             raise LayoutError(f"layout expands to more than {MAX_EXPANDED_LENGTH:,} symbols")
         return unit * times
 
-    return pattern.sub(repeat, text)
+
+def _unroll_groups(text: str, expansion: _Expansion) -> str:
+    r"""``(X)*n`` unrolled as Megatron's ``re.sub(r'\(([^)]+)\)\*(\d+)', ...)`` unrolls it, in
+    linear time: the regex tries every ``(`` of a run of them and scans from each to the next
+    ``)``, minutes for a string of 100,000.  A match is the leftmost ``(`` before a ``)`` that
+    ``*n`` follows, with a character between them; ``X`` may hold ``(`` (the regex's does)."""
+    parts, copied, searched = [], 0, 0
+    while (close := text.find(")", searched)) != -1:
+        count = _COUNT.match(text, close + 1)
+        opening = text.find("(", searched, max(close - 1, 0))  # a character before the ")"
+        if count is None or opening == -1:
+            searched = close + 1
+            continue
+        unit = text[opening + 1 : close]
+        parts += [text[copied:opening], expansion.repeat(unit, count[1], count.end() - opening)]
+        copied = searched = count.end()
+    return "".join([*parts, text[copied:]])
 
 
 def expand(text: str) -> str:
     """The layout with every repetition unrolled, as Megatron unrolls it."""
+    if len(text) > MAX_LAYOUT_TEXT:
+        raise LayoutError(
+            f"layout string of {len(text):,} characters, more than the {MAX_LAYOUT_TEXT:,} a "
+            "layout may have"
+        )
     text = text.replace(",", "")
-    return _unroll(_SYMBOL_REPEAT, _unroll(_GROUP_REPEAT, text))
+    expansion = _Expansion(len(text))
+    grouped = _unroll_groups(text, expansion)
+    return _SYMBOL_REPEAT.sub(lambda m: expansion.repeat(m[1], m[2], len(m[0])), grouped)
 
 
 def parse_stages(text: str) -> tuple[str, ...]:

@@ -16,11 +16,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, quoted
+from ray_layout.options.checks import decimal, integer
 
 _FLAG_TABLE = Path(__file__).parent / "data" / "megatron_args_core_v0.16.1.json"
 _NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
-_CONVERTERS = {"int": int, "float": float, "str": str, None: str}
+# Megatron's argparse reads its numbers with int() and float(), which also take 1_0, " 7", nan and
+# inf; the tuner writes these flags back and reasons with their values, so it reads them as every
+# number written as text is read (ray_layout.options.checks): digits, or a finite decimal.
+_CONVERTERS = {"int": integer, "float": decimal, "str": str, None: str}
+_WRITTEN = {"int": "an integer in digits 0-9", "float": "a finite decimal number"}
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,8 @@ def typed_value(use: FlagUse, text: str, source: str) -> Any:
         value = convert(text)
     except ValueError:
         raise ConfigError(
-            f"{source}: {use.flag} needs a value of type {entry['type']}, got {text!r}"
+            f"{source}: {use.flag} needs a value of type {entry['type']}, got {quoted(text)} "
+            f"({_WRITTEN[entry['type']]})"
         ) from None
     if entry["choices"] is not None and value not in entry["choices"]:
         choices = ", ".join(map(str, entry["choices"]))

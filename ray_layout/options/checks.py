@@ -7,14 +7,17 @@ the flag's name in front and raises ``ConfigError``, so every message names the 
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import os
 import re
-import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from ray_layout.errors import quoted
+from ray_layout.options.ray_head import ray_head_problem
 
 Check = Callable[[Any], str | None]
 
@@ -62,24 +65,20 @@ def plain_name(value: str) -> str | None:
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-CONNECT_TIMEOUT_S = 3.0
 
 
 def reachable(value: str) -> str | None:
-    """A Ray address (``host:port`` or ``ray://host:port``) something answers at, found in
-    seconds: ``ray.init`` itself waits a minute and more on an address nobody listens at."""
+    """A Ray address (``host:port`` or ``ray://host:port``) where a Ray head answers, found in
+    seconds (:func:`ray_head_problem`'s handshake): ``ray.init`` itself waits a minute and more
+    on an address nobody listens at, and hangs on one where something else (a web server) does."""
     if value in ("auto", "local"):
         return None  # Ray finds (or starts) the cluster itself
     host, _, port = value.removeprefix("ray://").rpartition(":")
     number = int(port) if port.isascii() and port.isdigit() and len(port) <= 5 else 0
     if not (host and 0 < number < 65_536):
         return f"must be HOST:PORT (or ray://HOST:PORT, auto), got {value!r}"
-    try:
-        socket.create_connection((host.strip("[]"), number), CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        return f"{value}: no Ray cluster answers there ({reason}); start it or fix the address"
-    return None
+    problem = ray_head_problem(value)
+    return None if problem is None else f"{value}: {problem}; start it or fix the address"
 
 
 def _os_errors_in_words(check: Check) -> Check:
@@ -156,8 +155,61 @@ def comma_integers(example: str) -> Callable[[str], tuple[int, ...]]:
 
     def parse(text: str) -> tuple[int, ...]:
         try:
-            return tuple(int(part) for part in text.split(","))
+            return tuple(integer(part) for part in text.split(","))
         except ValueError:
-            raise ValueError(f"must be integers such as {example}, got {text!r}") from None
+            raise ValueError(f"must be integers such as {example}, got {quoted(text)}") from None
 
     return parse
+
+
+# The one reading of a number written as text: a flag's value, a Megatron flag's in a config or
+# a launch script.  Python's int() and float() read more than anyone means by a number: ``1_0``
+# as 10, `` 7 `` and ``+7`` as 7, other scripts' digits (``٣`` as 3), ``nan`` and ``inf``, and
+# ``1e400`` as inf.
+MAX_NUMBER_TEXT = 100  # characters: more is no setting's value (int() refuses past 4,300 digits)
+_INTEGER = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def integer(text: str) -> int:
+    """An integer in ASCII digits, a leading minus allowed; the ``ValueError`` says so."""
+    if len(text) > MAX_NUMBER_TEXT or not _INTEGER.fullmatch(text):
+        raise ValueError(f"must be an integer in digits (0-9), got {quoted(text)}")
+    return int(text)
+
+
+def decimal(text: str) -> float:
+    """A finite number in decimal notation (``2``, ``-0.5``, ``1e-3``); the ``ValueError`` says
+    what was expected."""
+    if len(text) > MAX_NUMBER_TEXT or not _DECIMAL.fullmatch(text):
+        raise ValueError(f"must be a decimal number (such as 2, 0.5, 1e-3), got {quoted(text)}")
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"must be a number a float holds (up to 1.8e308), got {quoted(text)}")
+    return value
+
+
+def _flag_reader(read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``read`` as argparse's ``type``: its message becomes the usage error's (argparse says only
+    "invalid value" for a ValueError)."""
+
+    @functools.wraps(read)
+    def flag_value(text: str) -> Any:
+        try:
+            return read(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return flag_value
+
+
+_FLAG_TYPES: dict[Any, Callable[[str], Any]] = {
+    int: _flag_reader(integer),
+    float: _flag_reader(decimal),
+}
+
+
+def flag_type(kind: Any) -> Any:
+    """argparse's ``type`` for a flag whose value is a ``kind``: the readers above for numbers,
+    ``kind`` itself otherwise."""
+    return _FLAG_TYPES.get(kind, kind)

@@ -5,8 +5,10 @@ node's bundle with ``max_restarts=0``, since a restarted rank cannot rejoin a NC
 The driver polls every rank; the attempt ends when all ranks exit 0, when one fails (its peers
 get a moment to print why they fail too), at the run's timeout or heartbeat, when the caller's
 watch stops it, or when the caller cancels it.  Then every rank's output, parsed on its node,
-comes back with the result through Ray (``RunResult.outputs``).  Every path stops the rank
-processes (SIGTERM, then SIGKILL), kills the actors and removes the placement group.
+comes back with the result through Ray (``RunResult.outputs``).  Every path gives back what the
+attempt took, and waits until it is back, through ``release.release`` (rank processes stopped,
+actors dead, the group removed once settled and gone from its nodes).  A cancelled attempt takes
+nothing more: no group once it is cancelled, no actor once it is cancelled while being placed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ray_layout.errors import ConfigError
@@ -41,6 +43,7 @@ from ray_layout.runtime.placement import (
     node_bundles,
     rank_order,
 )
+from ray_layout.runtime.release import Held, release
 from ray_layout.runtime.run_spec import RunResult, RunSpec, Watch, attempt_id
 
 _POLL_S = 0.25  # how often the driver asks every rank for its progress
@@ -90,29 +93,33 @@ def run_attempt(
     cancel: threading.Event,
 ) -> RunResult:
     """Attempt ``number`` of ``spec``: place it, launch every rank, watch until it ends; every
-    failure becomes the result's class, and every path releases what it took."""
+    failure becomes the result's class, and every path gives back what it took."""
     attempt = _Attempt(spec, number, watch, cancel)
     bundles = node_bundles(spec.parallel.world_size, spec.gpus_per_node)
     try:
         check_placement(spec.parallel, {str(i): gpus for i, gpus in enumerate(bundles)})
     except ConfigError as exc:
         return attempt.result(FailureClass.INVALID_CONFIG, str(exc))
-    pg = placement_group(
-        [{"GPU": gpus, "CPU": gpus * spec.cpus_per_rank} for gpus in bundles],
-        strategy="STRICT_SPREAD",
-        name=attempt.run_id,
+    if cancel.is_set():  # a run that has not started takes nothing
+        return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
+    held = Held(
+        placement_group(
+            [{"GPU": gpus, "CPU": gpus * spec.cpus_per_rank} for gpus in bundles],
+            strategy="STRICT_SPREAD",
+            name=attempt.run_id,
+        )
     )
-    actors: list[Any] = []
     try:
         wait = spec.policy.placement_timeout_s
         shape = f"{'+'.join(map(str, bundles))} GPUs on {len(bundles)} nodes"
-        if not _placed(pg, wait, attempt.cancel, f"{attempt.run_id}: {shape}"):
-            if attempt.cancel.is_set():
-                return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
+        placed = _placed(held.group, wait, attempt.cancel, f"{attempt.run_id}: {shape}")
+        if attempt.cancel.is_set():  # placed as it was cancelled too: no actor is created
+            return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
+        if not placed:
             error = f"{shape} not placed within {wait:g} s"
             return attempt.result(FailureClass.INFEASIBLE_PLACEMENT, error)
-        actors = _create_actors(spec, pg, bundles, attempt.run_id)
-        return _launch_and_watch(attempt, actors, rank_env)
+        _create_actors(attempt, held, bundles)
+        return _launch_and_watch(attempt, held, rank_env)
     except _Cancelled:
         return attempt.result(FailureClass.CANCELLED, CANCELLED_ERROR)
     except ConfigError as exc:  # also raised in an actor: the command cannot be launched
@@ -124,7 +131,7 @@ def run_attempt(
             FailureClass.NODE_LOST, f"a rank's actor did not answer in {_RPC_TIMEOUT_S:g} s"
         )
     finally:
-        _release(actors, pg, spec.policy.stop_grace_s)
+        release(held, spec.policy.stop_grace_s, attempt.run_id)
 
 
 class _Cancelled(Exception):
@@ -170,46 +177,38 @@ def _placed(pg: PlacementGroup, timeout_s: float, cancel: threading.Event, what:
     return False
 
 
-def _release(actors: list[Any], pg: PlacementGroup, grace_s: float) -> None:
-    """Stop every rank process (SIGTERM, ``grace_s``, SIGKILL), kill every actor and remove the
-    placement group, even when an actor is dead or an earlier step fails."""
-    try:
-        stops = [actor.stop.remote(grace_s) for actor in actors]
-        ray.wait(stops, num_returns=len(stops), timeout=grace_s + 5.0)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        remove_placement_group(pg)
-
-
-def _create_actors(spec: RunSpec, pg: PlacementGroup, bundles: list[int], run_id: str) -> list:
-    """One actor per GPU slot, on its node's bundle."""
-    actor_class = ray.remote(RankProcess)
+def _create_actors(attempt: _Attempt, held: Held, bundles: list[int]) -> None:
+    """One actor per GPU slot, on its node's bundle, each held as soon as it is created; none
+    after the attempt is cancelled."""
+    spec, actor_class = attempt.spec, ray.remote(RankProcess)
     bundle_of_slot = [index for index, gpus in enumerate(bundles) for _ in range(gpus)]
-    return [
-        actor_class.options(
+    for slot, index in enumerate(bundle_of_slot):
+        if attempt.cancel.is_set():
+            raise _Cancelled
+        name = f"{attempt.run_id}.slot-{slot}"
+        held.actors[name] = actor_class.options(
             num_gpus=1,
             num_cpus=spec.cpus_per_rank,
             max_restarts=0,
-            name=f"{run_id}.slot-{slot}",
+            name=name,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=index
+                held.group, placement_group_bundle_index=index
             ),
         ).remote()
-        for slot, index in enumerate(bundle_of_slot)
-    ]
 
 
-def _launch_and_watch(attempt: _Attempt, slots: list[Any], rank_env: RankEnv) -> RunResult:
+def _launch_and_watch(attempt: _Attempt, held: Held, rank_env: RankEnv) -> RunResult:
     """Order the slots into ranks, launch every rank, then poll until the run ends."""
     policy = attempt.spec.policy
     deadline = time.monotonic() + policy.timeout_s
+    slots = list(held.actors.values())
     try:
         places = _get([slot.where.remote() for slot in slots], policy.timeout_s, attempt.cancel)
     except GetTimeoutError:
         return attempt.result(
             FailureClass.TIMEOUT, f"rank actors did not start in {policy.timeout_s:g} s"
         )
+    held.launched = True  # from here a rank's process may run: it is stopped before its actor
     ranks = _launch(attempt, slots, places, rank_env)
     result = _watch(attempt, ranks, deadline)
     return replace(result, outputs=_outputs(ranks, policy.stop_grace_s))

@@ -21,15 +21,19 @@ newest (from the host's shared ``/tmp/ray``), and the tune would join that one.
 
 from __future__ import annotations
 
+import logging
 import os
-import socket
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import ray
 from ray.cluster_utils import Cluster
 
 from ray_layout.errors import ConfigError, RunFailure, exception_line
+from ray_layout.options.ray_head import ray_head_problem
 
 _LOCAL_CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
@@ -47,30 +51,34 @@ def start_local_cluster(
     Shut down with ``ray.shutdown()`` then ``cluster.shutdown()``, never ``ray stop``.
     """
     os.environ.update(_LOCAL_CLUSTER_ENV)
+    logging.getLogger("ray").setLevel(logging.ERROR)  # as join's ray.init does: no INFO lines
     store_bytes = object_store_mb * 2**20
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "include_dashboard": False,
-            "object_store_memory": store_bytes,
-        },
-    )
-    try:
-        for _ in range(nodes):
-            cluster.add_node(
-                num_cpus=gpus_per_node if cpus_per_node is None else cpus_per_node,
-                num_gpus=gpus_per_node,
-                object_store_memory=store_bytes,
-            )
-        cluster.wait_for_nodes()
-        cluster.connect()
-    except Exception as exc:  # Ray raises bare Exception when a raylet does not come up in time
-        cluster.shutdown()
-        raise RunFailure(
-            f"the embedded Ray cluster did not start ({exception_line(exc)}); on a loaded machine "
-            "run again, or join a running cluster with --ray-address"
-        ) from None
+    with _sigterm_kept():  # every node started here puts in Ray's
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "object_store_memory": store_bytes,
+            },
+        )
+        try:
+            for _ in range(nodes):
+                cluster.add_node(
+                    num_cpus=gpus_per_node if cpus_per_node is None else cpus_per_node,
+                    num_gpus=gpus_per_node,
+                    object_store_memory=store_bytes,
+                )
+            cluster.wait_for_nodes()
+            join(address=cluster.address)
+        except BaseException as exc:  # a bare Exception when a raylet is late; an interrupt
+            cluster.shutdown()
+            if not isinstance(exc, Exception):
+                raise
+            raise RunFailure(
+                f"the embedded Ray cluster did not start ({exception_line(exc)}); on a loaded "
+                "machine run again, or join a running cluster with --ray-address"
+            ) from None
     return cluster
 
 
@@ -87,7 +95,7 @@ def connected(
     if address:
         check_reachable(address, given_by)
         try:
-            ray.init(address=address, logging_level="ERROR")
+            join(address=address)
         except ConnectionError as exc:  # something answers there, but not a Ray head
             raise ConfigError(
                 f"cannot join a Ray cluster at {address} ({given_by}): {exc}"
@@ -111,25 +119,35 @@ def connected(
             cluster.shutdown()
 
 
-PROBE_TIMEOUT_S = 10.0
+def join(**init_args: Any) -> None:
+    """``ray.init`` for a driver: quiet but for errors (no INFO lines on stderr), keeping the
+    process's own SIGTERM handler."""
+    with _sigterm_kept():
+        ray.init(logging_level="ERROR", **init_args)
 
 
-def check_reachable(address: str, given_by: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """A one-line error when nothing answers at a cluster address (``host:port`` or
-    ``ray://host:port``; ``auto`` is Ray's to resolve): ``ray.init`` would retry for minutes,
-    printing Ray's warnings, before it gives up."""
-    host_port = address.removeprefix("ray://")
-    if address == "auto" or ":" not in host_port or "/" in host_port:
-        return
-    host, _, port = host_port.rpartition(":")
-    if not port.isdigit():
-        raise ConfigError(f"{given_by} {address!r} is not host:port")
+@contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """Keep the SIGTERM handler the process set (the command line's: every run stopped, one
+    line, 130) over Ray's: ``ray.init`` puts in ``sys.exit(15)`` (after Ray's C++ handler prints
+    a stack dump), a node started here kills its processes and exits 1. Where the process set
+    none, Ray's stays (it cleans up what Ray started)."""
+    handler = signal.getsignal(signal.SIGTERM)
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+        yield
+    finally:
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handler)
+
+
+def check_reachable(address: str, given_by: str) -> None:
+    """A one-line error, within seconds, when no Ray head answers at a cluster address
+    (:func:`ray_head_problem`): ``ray.init`` would retry for minutes where nothing listens, and
+    hang deaf to SIGTERM where something else (a web server) does, printing Ray's warnings."""
+    problem = ray_head_problem(address)
+    if problem is not None:
+        advice = "unset RAY_ADDRESS for an embedded local cluster" if given_by[0] == "$" else ""
         raise ConfigError(
-            f"no Ray cluster answers at {address} ({given_by}): {reason}; start it, or unset "
-            "RAY_ADDRESS for an embedded local cluster"
-        ) from None
+            f"{given_by} {address}: {problem}; start it or fix the address"
+            + (f", or {advice}" if advice else "")
+        )

@@ -95,8 +95,10 @@ def run_many(
     cancel: threading.Event | None = None,
 ) -> list[RunResult]:
     """Run specs side by side, each waiting for its placement group until the cluster has room;
-    results in the order of ``specs``.  An interrupt (Ctrl-C) cancels every run, waits until
-    each has released its ranks and placement group, then propagates."""
+    results in the order of ``specs``.  An interrupt (Ctrl-C) cancels every run: one not started
+    never starts, every other gives back its ranks, actors and placement group, and the
+    interrupt propagates once all of them are back (``release``: the caller may then leave the
+    cluster)."""
     if not specs:
         return []
     cancel = cancel or threading.Event()
@@ -110,6 +112,7 @@ def run_many(
             return [future.result() for future in futures]
         except BaseException:
             cancel.set()
+            pool.shutdown(wait=True, cancel_futures=True)
             raise
 
 

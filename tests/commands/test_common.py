@@ -4,28 +4,29 @@ parser and messages, ``execute``'s exit statuses and the JSON-or-print output.""
 from __future__ import annotations
 
 import argparse
+import errno
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from rich.console import Console
 
-from ray_layout.commands import common
 from ray_layout.commands.common import (
+    STOPPED,
     Command,
     ModelSettings,
     OneLineErrorParser,
     ParallelFlags,
+    command_line,
     command_parser,
     emit,
     execute,
-    one_line,
     terminal,
 )
 from ray_layout.commands.flags import from_args
-from ray_layout.errors import ConfigError, RunFailure
+from ray_layout.errors import ConfigError, OutputError, RunFailure, one_line
 from tests.helpers.commands_cli import HANDBOOK
 
 
@@ -36,15 +37,6 @@ def parsed(*argv: str) -> argparse.Namespace:
 def model_settings(*argv: str) -> ModelSettings:
     """``ModelSettings`` as a command line gives them."""
     return from_args(ModelSettings, parsed(*argv))
-
-
-@given(st.text())
-def test_one_line_keeps_any_text_on_one_line(text):
-    shown = one_line(text)
-    assert "\n" not in shown and "\r" not in shown
-    assert shown.replace("\\n", "").replace("\\r", "") == (
-        text.replace("\\n", "").replace("\\r", "").replace("\n", "").replace("\r", "")
-    )
 
 
 def test_a_usage_mistake_names_the_program_and_points_at_help(capsys):
@@ -136,11 +128,49 @@ def test_settings_that_fail_their_checks_never_reach_the_command(capsys):
     assert execute(command, ARGS) == 0 and ran == [ModelSettings(config=HANDBOOK)]
 
 
-def test_a_reader_that_went_away_ends_the_command_as_sigpipe_would(monkeypatch):
-    monkeypatch.setattr(common, "closed_pipe", lambda: 141)
-    assert execute(failing(BrokenPipeError()), ARGS) == 141
-    with pytest.raises(BrokenPipeError):  # rich's own console would exit 1 instead
-        terminal().on_broken_pipe()
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(capsys):
+    assert execute(failing(OutputError("cannot write the output: stdout is closed")), ARGS) == 1
+    assert capsys.readouterr().err == "error: cannot write the output: stdout is closed\n"
+
+
+class Gone(io.StringIO):
+    """A pipe whose reader left."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+
+def line(command: Command, *argv: str) -> int:
+    return command_line(command_parser(ModelSettings, "m", ""), argv, lambda args: command)
+
+
+def test_a_reader_that_went_away_is_one_line_through_rich_too(capsys, monkeypatch):
+    """rich's console would exit 1 in silence (its on_broken_pipe); the guard says why."""
+    monkeypatch.setattr(sys, "stdout", Gone())
+
+    def run(settings: ModelSettings, console: Console) -> None:
+        console.print("a table")
+
+    assert line(Command("c", "", ModelSettings, run), HANDBOOK) == 1
+    assert capsys.readouterr().err == "error: cannot write the output: its reader closed the pipe\n"
+
+
+def test_a_command_line_is_parsed_checked_and_run_inside_the_guard(capsys):
+    ran = []
+    command = Command("c", "", ModelSettings, lambda settings, console: ran.append(settings))
+    assert line(command, HANDBOOK, "--pp", "2") == 0 and ran[0].parallel.pp == 2
+    assert line(command, HANDBOOK, "--pp", "x") == 2  # argparse's exit, a status here
+    assert line(command, HANDBOOK, "--env", "x") == 2 and len(ran) == 1
+    assert capsys.readouterr().err.count("\n") == 2
+
+
+def test_an_interrupt_says_what_the_command_it_stopped_left(capsys):
+    def run(settings: ModelSettings, console: Console) -> None:
+        raise KeyboardInterrupt
+
+    assert Command("c", "", ModelSettings, run).stopped == STOPPED
+    assert line(Command("c", "", ModelSettings, run, "the runs stopped"), HANDBOOK) == 130
+    assert capsys.readouterr().err == "interrupted: the runs stopped\n"
 
 
 def test_a_report_is_json_or_what_its_show_prints(capsys):

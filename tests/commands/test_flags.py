@@ -94,7 +94,10 @@ def test_a_usage_mistake_is_one_line_with_exit_2(capsys):
         parsed("--count", "seven")
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert err == "error: outer: argument --count: invalid int value: 'seven' (see --help)\n"
+    assert err == (
+        "error: outer: argument --count: must be an integer in digits (0-9), got 'seven' "
+        "(see --help)\n"
+    )
 
 
 @given(st.lists(st.integers(-(10**6), 10**6), min_size=1, max_size=8))

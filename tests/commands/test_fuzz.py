@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ray_layout.commands.main import build_parser
 from ray_layout.commands.tune import build_parser as build_tune_parser
+from ray_layout.errors import MeasurementError
+from ray_layout.measure.logs import parse_log
+from ray_layout.measure.store import CostStore
+from ray_layout.options.checks import flag_type
+from tests.helpers.command_exits import UNWRITABLE, entry, with_unwritable_stdout
 from tests.helpers.isolated_command import Outcome, run_isolated
 from tests.helpers.malformed_inputs import COSTS, HANDBOOK, HARDWARE, LAYOUT, ROOT, write_inputs
 
@@ -113,9 +122,9 @@ POSITIONALS = {"validate": {0: LAYOUT_TEXT}, "simulate": {1: LAYOUT_TEXT}}  # by
 
 
 def _bad_value(action: argparse.Action) -> st.SearchStrategy[str]:
-    if action.type is int:
+    if action.type in (int, flag_type(int)):
         return INT_TEXT
-    if action.type is float:
+    if action.type in (float, flag_type(float)):
         return FLOAT_TEXT
     if action.choices:
         return st.one_of(TEXT, st.sampled_from(["", "EMULATED", "megatron "]))
@@ -383,3 +392,282 @@ SPECIAL_FILE_CASES = {  # one command that reads each kind of file
     "hardware.yaml": ("profile", [*BASE["profile"], "--hardware", "{spoiled}"]),
     "run.log": ("fit", [arg.replace("{log}", "{spoiled}") for arg in BASE["fit"]]),
 }
+
+
+# --- issue 34: every number of a log is read whole by one reader (thousands separators read as
+# the value they print, any tail no number), values no run has are refused at their line, and
+# container runtimes' records are read as the lines they hold.
+
+_VALUE = re.compile(r"(rank +\d+: |\(ms\): |allocated: |reserved: )(\d+)(\.\d+)")
+_TAILS = ["x", "ms", ",5", "%", "e", ".0.0", "1,2"]
+_STAMP = "2026-12-05T10:31:07.123456789Z"
+
+
+def _spoiled_numbers(draw: st.DrawFn, log: str) -> tuple[str, str]:
+    """(text, expected): "same" (reads as ``log`` does), "dropped" (one more line skipped) or
+    "refused" (one line naming the line)."""
+    how = draw(st.sampled_from(["separators", "cri", "docker", "tail", "impossible"]))
+    if how == "separators":
+        return _VALUE.sub(lambda m: f"{m[1]}{int(m[2]):,}{m[3]}", log), "same"
+    lines = log.splitlines()
+    if how == "cri":
+        cut = draw(st.integers(0, 60))
+        records = [
+            f"{_STAMP} stdout P {line[:cut]}\n{_STAMP} stdout F {line[cut:]}"
+            if len(line) > cut
+            else f"{_STAMP} stderr F {line}"
+            for line in lines
+        ]
+        return "\n".join(records) + "\n", "same"
+    if how == "docker":
+        records = [json.dumps({"log": line + "\n", "stream": "stdout"}) for line in lines]
+        return "\n".join(records) + "\n", "same"
+    if how == "tail":
+        match = draw(st.sampled_from(list(_VALUE.finditer(log))))
+        return log[: match.end()] + draw(st.sampled_from(_TAILS)) + log[match.end() :], "dropped"
+    old, new = draw(
+        st.sampled_from(
+            [
+                (r"\(ms\): \d+\.\d+", "(ms): 0.0"),  # a step of no time
+                (r"rank +3: ", "rank -3: "),  # a negative rank
+                (r"iteration +3/", "iteration        9/"),  # past --train-iters 6
+                (r"iteration +5/", "iteration        2/"),  # back from iteration 4
+                (r"\[Rank \d+\]", "[Rank -1]"),
+            ]
+        )
+    )
+    return re.sub(old, new, log, count=1), "refused"
+
+
+@settings(settings.get_profile(PROFILE))
+@given(data=st.data())
+def test_every_number_of_a_log_is_read_whole_or_its_line_refused(inputs, tmp_path_factory, data):
+    good = Path(inputs["log"]).read_text()
+    text, expected = _spoiled_numbers(data.draw, good)
+    base = parse_log(good)
+    if expected == "refused":
+        with pytest.raises(MeasurementError, match=r": line \d+: "):
+            parse_log(text)
+    else:
+        parsed = parse_log(text)
+        read = (parsed.timers, parsed.iterations, parsed.memory)
+        assert (read == (base.timers, base.iterations, base.memory)) == (expected == "same")
+        assert parsed.skipped_lines == base.skipped_lines + (expected == "dropped")
+    spoiled = tmp_path_factory.mktemp("numbers") / "run.log"
+    spoiled.write_text(text)
+    argv = [arg.format(**inputs).replace(inputs["log"], str(spoiled)) for arg in BASE["fit"]]
+    outcome = run_isolated(["fit", *argv])
+    _judge(["fit", *argv], outcome)
+    if expected == "same":
+        assert outcome.exit_code == 0, outcome.stderr[-400:]
+    if expected == "refused":
+        assert outcome.exit_code == 2 and re.search(r": line \d+: ", outcome.stderr)
+
+
+# --- issue 34: output that cannot be written ends in one line and a non-zero exit, never a
+# traceback or exit 0 in silence, and what the command stored is complete.
+@settings(settings.get_profile(PROFILE))
+@given(
+    command=st.sampled_from([c for c in COMMANDS if c not in ("profile", "tune")]),  # clusters
+    where=st.sampled_from(sorted(UNWRITABLE)),
+)
+def test_output_that_cannot_be_written_is_one_line_and_what_is_stored_is_whole(
+    inputs, tmp_path_factory, command, where
+):
+    folder = tmp_path_factory.mktemp("unwritable")
+    argv = [arg.format(**inputs) if "{" in arg else arg for arg in BASE[command]]
+    ended = with_unwritable_stdout(entry("ray_layout", command, *argv), where, cwd=folder)
+    assert "Traceback" not in ended.stderr, ended
+    if ended.status == 0:  # a short output goes into a pipe whole before its reader leaves
+        assert where == "closed pipe" and ended.stderr == "", ended
+        return
+    assert ended.status == 1 and len(ended.stderr.splitlines()) == 1, ended
+    assert ended.stderr.startswith("error: cannot write the output: "), ended
+    if command == "ingest" and where == "full disk":  # stored before its summary was printed
+        assert len(CostStore(folder / "store").read("runs")) == 1
+
+
+# --- issue 34: a store part damaged (a claim, a Parquet part or one value of a row, what a crash,
+# a disk or an older version leaves): `fit --store`, `ingest` and `store rm` each read it right
+# or say one line naming it; rows stored twice are read once.
+
+_ROW_VALUES = {
+    pa.string(): [None, "", "Et*zz", "x" * 5000],
+    pa.int64(): [None, 0, -1, 2**40],
+    pa.float64(): [None, 0.0, -1.0, math.nan, math.inf],
+}
+
+
+@pytest.fixture(scope="module")
+def stored(inputs, tmp_path_factory) -> tuple[Path, str]:
+    """A store the good log was ingested into (its claim's writer gone): folder and run id."""
+    store = tmp_path_factory.mktemp("fuzz_store") / "store"
+    argv = [arg.format(**inputs) for arg in BASE["ingest"]]
+    argv[argv.index("store")] = str(store)
+    outcome = run_isolated(["ingest", *argv, "--json"])
+    assert outcome.exit_code == 0, outcome.stderr
+    return store, json.loads(outcome.stdout)[0]["run_id"]
+
+
+def _spoil_row(draw: st.DrawFn, part: Path) -> None:
+    """One value of one row set to a null, an empty, absurd or impossible one of its type."""
+    data = pq.read_table(part)
+    index = draw(st.integers(0, data.num_columns - 1))
+    field = data.schema.field(index)
+    values = data.column(index).to_pylist()
+    values[draw(st.integers(0, len(values) - 1))] = draw(st.sampled_from(_ROW_VALUES[field.type]))
+    spoiled = pa.array(values, field.type)
+    pq.write_table(data.set_column(index, pa.field(field.name, field.type), spoiled), part)
+
+
+def _spoil_store(draw: st.DrawFn, store: Path) -> str:
+    """Damage one file of ``store``; what was done, for the report."""
+    parts = sorted(path for path in store.rglob("*") if path.is_file())
+    part = draw(st.sampled_from(parts))
+    how = draw(st.sampled_from(["cut", "garbage", "empty", "folder", "fifo", "twice", "row"]))
+    if "_claims" in part.parts:  # read by an ingest whose run has no runs row (it died first)
+        for runs in store.glob("table=runs/study=*/part-*.parquet"):
+            runs.unlink()
+        how = "garbage" if how in ("twice", "row") else how
+    content = part.read_bytes()
+    if how == "twice":
+        shutil.copy(part, part.with_name("part-twice.parquet"))
+    elif how == "row":
+        _spoil_row(draw, part)
+    elif how in ("folder", "fifo"):
+        part.unlink()
+        part.mkdir() if how == "folder" else os.mkfifo(part)
+    else:
+        at = draw(st.integers(0, len(content)))
+        noise = draw(st.binary(min_size=1, max_size=32)) if how == "garbage" else b""
+        part.write_bytes(b"" if how == "empty" else content[:at] + noise)
+    return f"{how} {part.relative_to(store)}"
+
+
+@settings(settings.get_profile(PROFILE))
+@given(data=st.data())
+def test_every_damaged_store_part_is_one_line_or_read_right(inputs, stored, tmp_path_factory, data):
+    good, run_id = stored
+    store = tmp_path_factory.mktemp("damaged") / "store"
+    shutil.copytree(good, store)
+    damage = _spoil_store(data.draw, store)
+    ingest = [arg.format(**inputs) for arg in BASE["ingest"]]
+    ingest[ingest.index("store")] = str(store)
+    argv = data.draw(
+        st.sampled_from(
+            [
+                ["fit", HANDBOOK, "--store", str(store), "-o", "costs.json"],
+                ["ingest", *ingest],
+                ["store", "rm", run_id, "--store", str(store)],
+            ]
+        )
+    )
+    _judge([*argv, f"({damage})"], run_isolated(argv))
+
+
+# --- issue 34, section 3: numbers past a float, integers that are not digits, absurd costs, rope
+# scalings Megatron cannot train, layouts at the limits and names with terminal escapes: each is
+# one line (or a warning, or a note), by the one reader every path goes through.
+
+NOT_DIGITS = ["1_0", "٣", "+4", " 4", "4 ", "0x10", "1e3", "9" * 400]
+NOT_DECIMAL = ["1_0.5", "nan", "-inf", "1e400", " 2", "0x1p3"]
+_HUGE = int("9" * 400)
+
+
+def _number_flag(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A command line with one int or float flag given a number Python reads but no one means."""
+    command = draw(st.sampled_from(COMMANDS))
+    numbers = {
+        name: action
+        for name, action in FLAGS[command].items()
+        if action.type in (flag_type(int), flag_type(float))
+    }
+    name = draw(st.sampled_from(sorted(numbers)))
+    texts = NOT_DIGITS if numbers[name].type is flag_type(int) else NOT_DECIMAL
+    return command, [*BASE[command], f"{name}={draw(st.sampled_from(texts))}"]
+
+
+def _absurd_file(draw: st.DrawFn, inputs: dict[str, str], folder: Path) -> tuple[str, list[str]]:
+    """A config, config.json or COSTS.json holding a number past a float, an integer that is
+    no digits, or a rope scaling Megatron cannot train."""
+    kind = draw(st.sampled_from(["hf", "costs", "yaml", "megatron_args"]))
+    if kind == "hf":
+        raw = json.loads(Path(GOOD_FILES["config.json"]).read_text())
+        key = draw(st.sampled_from(["rope_theta", "rms_norm_eps", "routed_scaling_factor",
+                                    "first_k_dense_replace", "num_hidden_layers"]))  # fmt: skip
+        raw[key] = draw(
+            st.sampled_from([_HUGE, -_HUGE, 1e308 * 10, "1_0", 62 if key[0] == "f" else 0])
+        )
+        path = folder / "config.json"
+        path.write_text(json.dumps(raw))
+        return "size", [str(path), "--pp", "4"]
+    if kind == "costs":
+        raw = json.loads(Path(COSTS).read_text())
+        key = draw(st.sampled_from(["p2p_inter_node_ms", "tail_fixed_ms", "a2a_ms", "tp"]))
+        raw[key] = draw(st.sampled_from([_HUGE, -_HUGE, 2e7, float("nan")]))
+        path = folder / "costs.json"
+        path.write_text(json.dumps(raw, allow_nan=True))
+        return "plan", [*BASE["plan"][:3], "--costs", str(path), *BASE["plan"][5:]]
+    text = Path(HANDBOOK).read_text()
+    if kind == "yaml":
+        value = draw(
+            st.sampled_from(["1_6", "016", "0x10", "0:16", str(_HUGE), "1.0e+400", ".nan"])
+        )
+        text = text.replace("num_layers: 16", f"num_layers: {value}")
+    else:
+        value = draw(st.sampled_from([*NOT_DIGITS, "nan"]))
+        text += f"megatron_args: [--seed, '{value}']\n"
+    path = folder / "config.yaml"
+    path.write_text(text)
+    return "size", [str(path), "--pp", "4"]
+
+
+@settings(settings.get_profile(PROFILE))
+@given(data=st.data())
+def test_numbers_no_one_means_are_one_line_wherever_they_are_read(inputs, tmp_path_factory, data):
+    """A flag's 1_0 or nan, a config's 400-digit rope_theta, YAML's 016, a COSTS.json transfer past
+    the distributed timeout: one line naming it, exit 2, never an OverflowError or a silent 10."""
+    if data.draw(st.booleans()):
+        command, argv = _number_flag(data.draw)
+        argv = [arg.format(**inputs) if "{" in arg else arg for arg in argv]
+    else:
+        command, argv = _absurd_file(data.draw, inputs, tmp_path_factory.mktemp("absurd"))
+    outcome = _run_filled(command, argv)
+    _judge([command, *argv], outcome)
+    assert outcome.exit_code == 2, f"accepted: {_shown([command, *argv])}"
+
+
+def test_legal_but_absurd_costs_and_untrainable_rope_are_said_in_one_line(tmp_path):
+    """A backward 10,000x its forward or a step tail of hours plans with one warning line; a
+    longrope scaling sizes with one note; a name's terminal escapes are shown, never acted on."""
+    raw = json.loads(Path(COSTS).read_text())
+    raw["backward_ms"]["t"], raw["tail_fixed_ms"] = 1e5, 7.2e6
+    costs = tmp_path / "absurd.json"
+    costs.write_text(json.dumps(raw))
+    outcome = _run_filled("plan", [*BASE["plan"][:3], "--costs", str(costs), *BASE["plan"][5:]])
+    warnings = [line for line in outcome.stderr_lines if line.startswith("warning: ")]
+    assert outcome.exit_code == 0 and len(warnings) == 1, outcome.stderr[-600:]
+    assert "backward_ms.t is 10,000x forward_ms.t" in warnings[0]
+    assert "tail_fixed_ms is 7.2e+06 ms" in warnings[0]
+    hf = json.loads(Path(GOOD_FILES["config.json"]).read_text())
+    hf |= {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}
+    hf |= {"_name_or_path": "org/\x1b[31mred\rname"}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(hf))
+    outcome = _run_filled("size", [str(config), "--pp", "1"])
+    assert outcome.exit_code == 0, outcome.stderr[-600:]
+    assert not {"\x1b", "\r"} & set(outcome.stdout + outcome.stderr)
+    assert "its longrope RoPE scaling has no Megatron" in outcome.stdout + outcome.stderr
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["(" * 100_000 + "t", "(t)*1" * 20_000, "t*" + "9" * 5000, "(" * 30_000 + "t)*2" * 30_000],
+)
+def test_a_layout_at_the_limits_is_one_line_in_time(layout):
+    """Runs of parentheses took Megatron's regex minutes; every such string is one line."""
+    argv = [*BASE["validate"]]
+    argv[0] = layout
+    outcome = _run_filled("validate", argv)
+    assert outcome.exit_code == 2 and len(outcome.stderr_lines) == 1, outcome.stderr[-400:]
+    assert outcome.stderr.startswith("error: ") and "Traceback" not in outcome.stderr

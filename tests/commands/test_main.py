@@ -4,13 +4,23 @@ and the entry as a user runs it (a subprocess, a pipe that closes early)."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from ray_layout.commands.common import STOPPED
 from ray_layout.commands.main import COMMANDS, build_parser, main
-from tests.helpers.commands_cli import HANDBOOK
+from ray_layout.measure.store import CostStore
+from ray_layout.model.costs import load_costs
+from ray_layout.model.layout import Layout
+from ray_layout.model.loading import load_recipe
+from tests.helpers.command_exits import UNWRITABLE, entry, interrupted, with_unwritable_stdout
+from tests.helpers.commands_cli import COSTS, HANDBOOK
+from tests.helpers.paths import ROOT
+from tests.helpers.synthetic_runs import synthetic_log
 
 
 @pytest.mark.parametrize(
@@ -46,13 +56,11 @@ from tests.helpers.commands_cli import HANDBOOK
         (["size", HANDBOOK, "--tp", "3"], "not divisible by TP 3"),
         (["size", HANDBOOK, "--pp", "4", "--layout", "Et*4|t*4|t*4|t*4L"], "MTP layers"),
         (["layouts", HANDBOOK, "--pp", "0"], "must be >= 1"),
-        (["size", HANDBOOK, "--pp", "four"], "invalid int value"),
+        (["size", HANDBOOK, "--pp", "four"], "'four'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
-    with pytest.raises(SystemExit) as exited:
-        raise SystemExit(main(argv))
-    assert exited.value.code == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1 and err.startswith("error: ")
@@ -88,36 +96,49 @@ def test_module_entry_point_runs_as_a_user_would():
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
 
 
-def test_a_reader_that_leaves_early_ends_the_command_quietly():
-    """``python -m ray_layout layouts ... | head -1``: no BrokenPipeError traceback."""
-    command = [
-        sys.executable,
-        "-m",
-        "ray_layout",
-        "layouts",
-        HANDBOOK,
-        "--pp",
-        "4",
-        "--vpp",
-        "2",
-        "--allow-standalone-mtp",
-        "--limit",
-        "5000",
-    ]
-    done = subprocess.run(
-        [
-            "bash",
-            "-c",
-            'set -o pipefail; "$@" | head -1; echo "status ${PIPESTATUS[0]}"',
-            "x",
-            *command,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+LISTING = [
+    "layouts",
+    HANDBOOK,
+    "--pp",
+    "4",
+    "--vpp",
+    "2",
+    "--allow-standalone-mtp",
+    "--limit",
+    "5000",
+]
+
+
+# A short output goes into a pipe whole before its reader leaves: only the listing meets a
+# closed pipe.
+UNWRITTEN = [
+    *((LISTING, where) for where in UNWRITABLE),
+    *((argv, where) for argv in (["size", HANDBOOK], ["--help"]) for where in UNWRITABLE),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "where"),
+    [case for case in UNWRITTEN if case[0] == LISTING or case[1] != "closed pipe"],
+    ids=lambda value: value if isinstance(value, str) else value[0],
+)
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(argv, where):
+    """``> /dev/full``, ``>&-``, ``| head -c1``: never a traceback, never exit 0 in silence."""
+    ended = with_unwritable_stdout(entry("ray_layout", *argv), where)
+    assert ended.status == 1, ended
+    assert (
+        ended.stderr.startswith("error: cannot write the output: ")
+        and ended.stderr.count("\n") == 1
     )
-    assert done.stderr == ""
-    assert done.stdout.splitlines()[-1] == "status 141"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_plan_ends_in_one_line_and_130(signum):
+    """Ctrl-C, ``kill``: the exact search of a 61-layer model on 8 x 4 stages runs for seconds."""
+    plan = ["plan", str(ROOT / "configs" / "deepseek_v3_zoo_h100.yaml"), "--costs", "flops"]
+    ended = interrupted(entry("ray_layout", *plan), signum)
+    assert ended.status == 130, ended
+    assert ended.stderr == f"interrupted: {STOPPED}\n" and ended.stdout == ""
 
 
 def test_help_lists_every_command_once_in_the_order_they_are_declared(capsys):
@@ -140,9 +161,7 @@ def test_help_lists_every_command_once_in_the_order_they_are_declared(capsys):
     ],
 )
 def test_a_command_line_argparse_refuses_is_one_line_naming_the_program(capsys, argv, message):
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 2
+    assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: python -m ray_layout") and err.endswith("(see --help)\n")
     assert message in err and err.count("\n") == 1
@@ -150,7 +169,35 @@ def test_a_command_line_argparse_refuses_is_one_line_naming_the_program(capsys, 
 
 @pytest.mark.parametrize("command", [command.name for command in COMMANDS])
 def test_every_command_has_help_that_exits_0(capsys, command):
-    with pytest.raises(SystemExit) as exited:
-        main([command, "--help"])
-    assert exited.value.code == 0
+    assert main([command, "--help"]) == 0
     assert capsys.readouterr().out.startswith(f"usage: python -m ray_layout {command}")
+
+
+def ingest_argv(logs: list[str], store: Path) -> list[str]:
+    return ["ingest", HANDBOOK, *logs, "--store", str(store), "--study", "s"]
+
+
+def stored(store: Path) -> dict[str, int]:
+    """Timer rows per stored run (a run is stored when its ``runs`` row is)."""
+    runs = CostStore(store).read("runs", "s")
+    timers = CostStore(store).read("timers", "s")
+    return {run: int((timers["run_id"] == run).sum()) for run in runs["run_id"]}
+
+
+def test_an_interrupted_ingest_stores_each_run_whole_or_not_at_all(tmp_path):
+    """Ctrl-C in the middle: one line and 130; what is stored is whole, so that the same
+    command again stores the rest and the store ends as an uninterrupted ingest's."""
+    recipe, truth = load_recipe(HANDBOOK), load_costs(COSTS)
+    logs = []
+    for seed, text in enumerate(("Et*3|t*7|t*6m|L", "Et|t*15|m|L", "Et*4|t*4|t*4|t*4mL")):
+        layout = Layout.parse(text, 4)
+        log = synthetic_log(recipe.model, recipe.parallel, layout, truth, 16, 150, 0.01, seed)
+        (tmp_path / f"{seed}.log").write_text(log)
+        logs += ["--run", f"{text}={tmp_path / f'{seed}.log'}"]
+    assert main(ingest_argv(logs, tmp_path / "whole")) == 0
+    argv = ingest_argv(logs, tmp_path / "store")
+    ended = interrupted(entry("ray_layout", *argv), signal.SIGINT, after_s=0.5)
+    assert ended.status == 130 and ended.stderr == f"interrupted: {STOPPED}\n", ended
+    assert set(stored(tmp_path / "store").items()) <= set(stored(tmp_path / "whole").items())
+    assert main(argv) == 0
+    assert stored(tmp_path / "store") == stored(tmp_path / "whole")

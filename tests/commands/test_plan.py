@@ -81,17 +81,15 @@ def test_plan_without_hbm_says_memory_was_not_checked(capsys):
 
 def test_plan_where_no_layout_fits_names_the_smallest_peak_and_exits_2(capsys):
     assert main(handbook_plan("--hbm-gb", "20", "--samples", "8")) == 2
-    *what_ifs, error = capsys.readouterr().err.strip().splitlines()
+    (error,) = capsys.readouterr().err.strip().splitlines()  # a refusal is one line
     assert error.startswith("error: no layout fits in --hbm-gb 20: ")
     assert "smallest peak of any layout scored is " in error and "recompute" in error
-    assert what_ifs and all(line.startswith("plan: with `--") for line in what_ifs)
 
 
 def test_plan_where_nothing_fits_names_the_flags_that_would_fit(capsys):
     assert main(handbook_plan("--hbm-gb", "30", "--samples", "8")) == 2
-    *what_ifs, error = capsys.readouterr().err.strip().splitlines()
-    full = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
-    assert any(line.startswith(f"plan: with `{full}` the pick ") for line in what_ifs)
+    (error,) = capsys.readouterr().err.strip().splitlines()  # the cheapest what-if in its line
+    assert "with `--recompute-granularity selective --recompute-modules " in error
     assert "the pick " in error and "fits: its largest stage is " in error
 
 

@@ -55,7 +55,7 @@ def test_the_run_policys_flags_default_to_the_policy_and_are_checked(tmp_path):
     assert profile_settings(tmp_path).policy == RunPolicy()
     given = profile_settings(tmp_path, "--timeout-s", "5", "--max-retries", "0")
     assert given.policy == RunPolicy(timeout_s=5, max_retries=0)
-    for flag, bad in (("--timeout-s", "0"), ("--heartbeat-s", "inf")):
+    for flag, bad in (("--timeout-s", "0"), ("--heartbeat-s", "-1")):
         with pytest.raises(ConfigError, match=f"^{flag} must be"):
             profile_settings(tmp_path, flag, bad)
 

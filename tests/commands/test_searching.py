@@ -71,9 +71,11 @@ def test_tflops_sets_the_speed_flop_costs_assume(capsys):
     compute = sum(json.loads(captured.out)["busy_ms"]), sum(default["busy_ms"])
     # FLOPs take twice as long; the embedding's bytes and the EP all-to-alls do not
     assert 1.6 * compute[1] < compute[0] < 2 * compute[1]
-    for bad in ("0", "-5", "nan", "1e-300", "5e4"):  # past what any GPU achieves
+    for bad in ("0", "-5", "1e-300", "5e4"):  # past what any GPU achieves
         assert main([*argv, "--tflops", bad]) == 2
         assert capsys.readouterr().err.startswith("error: --tflops must be")
+    assert main([*argv, "--tflops", "nan"]) == 2  # no number at all: a usage mistake
+    assert "argument --tflops: must be a decimal number" in capsys.readouterr().err
     assert main(["profile-layouts", HANDBOOK, "--pp", "4", "--tflops", "150", "--json"]) == 0
 
 

@@ -8,12 +8,13 @@ or noisy observations of runs of given layouts (``synthetic_runs`` writes their 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ray_layout.measure.logs import parse_log
 from ray_layout.measure.observations import RunObservation, observation_from_log
 from ray_layout.model.costs import UnitCosts, load_costs
 from ray_layout.model.layout import Layout
-from ray_layout.model.spec import Recipe, load_recipe_file
+from ray_layout.model.spec import ParallelConfig, Recipe, load_recipe_file
 from tests.helpers.synthetic_runs import synthetic_log
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
@@ -56,3 +57,35 @@ def observe(
         )
         runs.append(observed)
     return runs
+
+
+ON_4_GPU_NODES = replace(TRUTH, gpus_per_node=4)  # PP=4 x DP=2: stages 0-1 and 2-3 share a node
+
+
+def observe_on(
+    costs: UnitCosts,
+    texts: Sequence[str] = KEPT,
+    extra_p2p_ms: float = 0.0,
+    parallel: ParallelConfig = HANDBOOK.parallel,
+    steps: bool = True,
+    microbatches: Sequence[int] = (MICROBATCHES, MICROBATCHES),
+) -> list[RunObservation]:
+    """Noise-free runs of ``texts`` (with ``microbatches``) simulated on
+    ``costs.gpus_per_node``-GPU nodes; the printed step pays ``extra_p2p_ms`` on every transfer
+    (the timers do not); ``steps=False`` drops the iteration lines, as a log without them
+    would."""
+    runs = []
+    for index, (text, count) in enumerate(zip(texts, microbatches, strict=True)):
+        layout = Layout.parse(text, parallel.pp)
+        log = synthetic_log(HANDBOOK.model, parallel, layout, costs, count, iterations=8,
+                            seed=index, extra_p2p_ms=extra_p2p_ms)  # fmt: skip
+        if not steps:
+            log = "".join(line for line in log.splitlines(True) if " iteration " not in line)
+        runs.append(observation_from_log(f"run{index}", parse_log(log), layout, parallel,
+                                         count))  # fmt: skip
+    return runs
+
+
+# Runs of 8 and 32 micro-batches: the latency costs the longer one more transfers, a fixed tail
+# the same, so their steps tell the two apart.
+APART = (MICROBATCHES, 4 * MICROBATCHES)

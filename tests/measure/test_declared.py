@@ -275,6 +275,7 @@ def test_a_restarted_or_mixed_log_is_refused_not_fitted(logs, tmp_path):
     assert CostStore(tmp_path).read("runs").empty
     resumed = tmp_path / "resumed.log"  # a restart that resumes where the first start stopped
     second = whole.replace("iteration        ", "iteration       1", -1)  # iterations 11-18
+    second = second.replace("/       8 |", "/      18 |")  # of --train-iters 18
     start = world_line(8, dp=2, cp=1, tp=1, pp=4) + "\n"
     resumed.write_text(start + whole + start + second)
     with pytest.raises(MeasurementError, match=r"states its world at lines 1, \d+: a job started"):

@@ -9,13 +9,19 @@ import pytest
 
 from ray_layout.errors import MeasurementError
 from ray_layout.measure.design import PAIR, design_rows, profile_design, unit_columns
-from ray_layout.measure.fit import fit_costs, simulated_step_ms
-from ray_layout.measure.logs import parse_log
-from ray_layout.measure.observations import observation_from_log
+from ray_layout.measure.fit import fit_costs
 from ray_layout.model.costs import costs_from_flops
 from ray_layout.model.layout import Layout
-from tests.helpers.measure_runs import HANDBOOK, KEPT, MICROBATCHES, QUICKSTART, TRUTH, observe
-from tests.helpers.synthetic_runs import synthetic_log
+from tests.helpers.measure_runs import (
+    APART,
+    HANDBOOK,
+    MICROBATCHES,
+    ON_4_GPU_NODES,
+    QUICKSTART,
+    TRUTH,
+    observe,
+    observe_on,
+)
 
 
 def test_noise_free_logs_give_back_the_costs_within_one_percent():
@@ -96,38 +102,7 @@ def test_runs_that_cannot_separate_units_are_refused():
     assert fit_costs(HANDBOOK.model, HANDBOOK.parallel, one_default_run).max_residual < 1e-6
 
 
-# --- p2p within and across nodes, and the per-transfer latency -------------------------------
-
-ON_4_GPU_NODES = replace(TRUTH, gpus_per_node=4)  # PP=4 x DP=2: stages 0-1 and 2-3 share a node
-
-
-def observe_on(
-    costs,
-    texts=KEPT,
-    extra_p2p_ms=0.0,
-    parallel=HANDBOOK.parallel,
-    steps=True,
-    microbatches=(MICROBATCHES, MICROBATCHES),
-):
-    """Noise-free runs of ``texts`` (with ``microbatches``) simulated on
-    ``costs.gpus_per_node``-GPU nodes; the printed step pays ``extra_p2p_ms`` on every transfer
-    (the timers do not); ``steps=False`` drops the iteration lines, as a log without them
-    would."""
-    runs = []
-    for index, (text, count) in enumerate(zip(texts, microbatches, strict=True)):
-        layout = Layout.parse(text, parallel.pp)
-        log = synthetic_log(HANDBOOK.model, parallel, layout, costs, count, iterations=8,
-                            seed=index, extra_p2p_ms=extra_p2p_ms)  # fmt: skip
-        if not steps:
-            log = "".join(line for line in log.splitlines(True) if " iteration " not in line)
-        runs.append(observation_from_log(f"run{index}", parse_log(log), layout, parallel,
-                                         count))  # fmt: skip
-    return runs
-
-
-# Runs of 8 and 32 micro-batches: the latency costs the longer one more transfers, a fixed tail
-# the same, so their steps tell the two apart.
-APART = (MICROBATCHES, 4 * MICROBATCHES)
+# --- p2p within and across nodes ------------------------------------------------------------
 
 
 def test_inter_node_links_follow_megatrons_rank_order():
@@ -221,111 +196,6 @@ def test_interleaved_runs_with_overlapped_p2p_say_nothing_of_a_transfer():
     result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, base=guess, gpus_per_node=4)
     assert result.costs.p2p_inter_node_ms == guess.p2p_inter_node_ms
     assert result.costs.p2p_intra_node_ms == guess.p2p_intra_node_ms
-
-
-@pytest.mark.parametrize("latency", [0.3, 1.0])
-def test_the_per_transfer_latency_comes_back_from_the_step_times(latency):
-    runs = observe_on(ON_4_GPU_NODES, extra_p2p_ms=latency, microbatches=APART)
-    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
-    assert result.p2p_latency_ms == pytest.approx(latency, rel=0.1)
-    assert result.costs.tail_fixed_ms < 0.05 * latency
-    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4 + latency, rel=0.05)
-    assert result.costs.p2p_inter_node_ms == pytest.approx(2.0 + latency, rel=0.05)
-    assert set(result.step_errors) == {"run0", "run1"}
-    assert all(abs(e) < 0.01 for e in result.step_errors.values())
-    # the unit costs come from the timers alone: the latency leaves them as they were
-    untimed = fit_costs(HANDBOOK.model, HANDBOOK.parallel,
-                        [replace(run, step_ms=None) for run in runs], gpus_per_node=4)  # fmt: skip
-    assert result.costs.forward_ms == untimed.costs.forward_ms
-    assert result.costs.backward_ms == untimed.costs.backward_ms
-
-
-@pytest.mark.parametrize("fixed", [5.0, 40.0])
-def test_a_fixed_step_tail_comes_back_and_p2p_stays_the_bare_transfer(fixed):
-    """Runs of one micro-batch count cannot tell a fixed tail from a latency: the fit takes the
-    fixed tail (p2p stays what the timers measured) and says so."""
-    truth = replace(ON_4_GPU_NODES, tail_fixed_ms=fixed)
-    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, observe_on(truth), gpus_per_node=4)
-    assert result.costs.tail_fixed_ms == pytest.approx(fixed, rel=0.02)
-    assert result.p2p_latency_ms == 0.0
-    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.02)
-    assert result.costs.p2p_inter_node_ms == pytest.approx(2.0, rel=0.02)
-    assert result.costs.grad_sync_ms_per_gparam == pytest.approx(20.0, rel=0.01)
-    assert result.costs.optimizer_ms_per_gparam == pytest.approx(5.0, rel=0.01)
-    assert all(abs(e) < 0.001 for e in result.step_errors.values())
-    assert any("cannot tell it from a per-transfer latency" in w for w in result.warnings)
-
-
-def test_a_fixed_tail_and_a_latency_come_back_together_from_other_micro_batch_counts():
-    truth = replace(ON_4_GPU_NODES, tail_fixed_ms=12.0)
-    runs = observe_on(truth, extra_p2p_ms=0.5, microbatches=APART)
-    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
-    assert result.costs.tail_fixed_ms == pytest.approx(12.0, rel=0.1)
-    assert result.p2p_latency_ms == pytest.approx(0.5, rel=0.1)
-    assert result.costs.p2p_intra_node_ms - result.p2p_latency_ms == pytest.approx(0.4, rel=0.02)
-    assert all(abs(e) < 0.001 for e in result.step_errors.values())
-    assert not any("cannot tell" in w for w in result.warnings)
-
-
-def noisy_runs(truth, texts, iterations, noise_cv):
-    """Synthetic runs of ``texts`` under ``truth`` with per-op noise, a seed each."""
-    runs = []
-    for index, text in enumerate(texts):
-        layout = Layout.parse(text, HANDBOOK.parallel.pp)
-        log = synthetic_log(HANDBOOK.model, HANDBOOK.parallel, layout, truth, MICROBATCHES,
-                            iterations=iterations, noise_cv=noise_cv, seed=index)  # fmt: skip
-        runs.append(observation_from_log(f"run{index}", parse_log(log), layout,
-                                         HANDBOOK.parallel, MICROBATCHES))  # fmt: skip
-    return runs
-
-
-def test_noisy_steps_keep_the_fixed_tail_within_the_noise():
-    runs = noisy_runs(replace(TRUTH, tail_fixed_ms=30.0), KEPT * 2, iterations=12, noise_cv=0.02)
-    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs)
-    step = np.mean([run.step_ms for run in runs])
-    assert abs(result.costs.tail_fixed_ms - 30.0) < 0.02 * step
-    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.05)
-
-
-def test_no_latency_in_the_data_fits_none_and_changes_nothing():
-    runs = observe_on(ON_4_GPU_NODES)
-    assert all(run.step_ms is not None for run in runs)
-    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
-    untimed = fit_costs(HANDBOOK.model, HANDBOOK.parallel,
-                        [replace(run, step_ms=None) for run in runs], gpus_per_node=4)  # fmt: skip
-    assert result.p2p_latency_ms < 0.01 * 0.4
-    assert result.costs.tail_fixed_ms < 0.01
-    assert untimed.p2p_latency_ms == 0.0 and untimed.step_errors == {}
-    for key in ("p2p_intra_node_ms", "p2p_inter_node_ms"):
-        assert getattr(result.costs, key) == pytest.approx(getattr(untimed.costs, key), rel=0.01)
-    assert result.costs.forward_ms == untimed.costs.forward_ms
-    assert result.costs.backward_ms == untimed.costs.backward_ms
-
-
-def test_runs_without_iteration_lines_fit_no_latency():
-    runs = observe_on(ON_4_GPU_NODES, extra_p2p_ms=0.5, steps=False)
-    assert all(run.step_ms is None for run in runs)
-    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, gpus_per_node=4)
-    assert result.p2p_latency_ms == 0.0 and result.step_errors == {}
-    assert result.costs.p2p_intra_node_ms == pytest.approx(0.4, rel=0.02)
-    assert result.costs.p2p_inter_node_ms == pytest.approx(2.0, rel=0.02)
-
-
-def test_jitter_lengthens_the_predicted_step_and_is_not_also_fitted_as_a_fixed_tail():
-    """Per-op jitter makes the mean step longer than the noise-free one (the critical path takes
-    the slower branch); the planner's predictions carry that through its Monte Carlo, so the
-    fit must compare the steps with the same mean, or it adds the lengthening again as a tail."""
-    runs = noisy_runs(TRUTH, KEPT, iterations=40, noise_cv=0.08)
-    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs)
-    still = replace(result.costs, jitter_cv=dict.fromkeys(result.costs.jitter_cv, 0.0))
-    lengthening = [
-        simulated_step_ms(HANDBOOK.model, HANDBOOK.parallel, result.costs, run)
-        - simulated_step_ms(HANDBOOK.model, HANDBOOK.parallel, still, run)
-        for run in runs
-    ]
-    assert min(lengthening) > 0
-    assert result.costs.tail_fixed_ms < 0.5 * np.mean(lengthening)
-    assert all(abs(error) < 0.01 for error in result.step_errors.values())
 
 
 def test_a_run_declared_with_a_layout_one_layer_off_is_refused_not_warned():

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ray_layout.commands.main import main
-from ray_layout.errors import LayoutError
+from ray_layout.errors import LayoutError, MeasurementError
+from ray_layout.measure.declared import CheckedRun
 from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.ingest import (
     LoggedRun,
@@ -17,8 +19,9 @@ from ray_layout.measure.ingest import (
     model_hash,
     observations_from_store,
     parse_run_argument,
+    refuse_idle_stage,
 )
-from ray_layout.measure.logs import parse_log_file
+from ray_layout.measure.logs import parse_log, parse_log_file
 from ray_layout.measure.observations import observation_from_log
 from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import load_costs
@@ -203,3 +206,44 @@ def test_a_stored_impossible_value_names_the_run_to_remove(logs, tmp_path, capsy
 def test_a_run_argument_whose_layout_is_wrong_names_the_run():
     with pytest.raises(LayoutError, match=r"^--run Et\*5\|t\*6=x.log: layout has 2 stages, not "):
         parse_run_argument("Et*5|t*6=x.log", 4)
+
+
+def zeroed(text: str, block: int, rank: int) -> tuple[str, int]:
+    """``text`` with ``rank``'s forward-compute of the ``block``-th timer block printed as 0.00,
+    and the line it is on."""
+    lines = text.split("\n")
+    header = [i for i, line in enumerate(lines) if line == "  forward-compute:"][block]
+    at = next(i for i in range(header, len(lines)) if lines[i].startswith(f"     rank {rank:2d}:"))
+    lines[at] = f"     rank {rank:2d}: 0.00"
+    return "\n".join(lines), at + 1
+
+
+@pytest.mark.parametrize("command", ["ingest", "fit"])
+def test_a_rank_that_holds_layers_computing_in_no_time_is_refused(logs, tmp_path, capsys, command):
+    """A stage that holds layers cannot compute in 0 ms: the log is refused at the line with
+    the value, before anything is stored or fitted."""
+    idle = tmp_path / "idle.log"
+    text, line = zeroed(logs[1].read_text(), 4, 5)
+    idle.write_text(text)
+    store, costs = str(tmp_path / "store"), str(tmp_path / "costs.json")
+    flags = ["--store", store] if command == "ingest" else ["-o", costs]
+    assert main([command, HANDBOOK_PATH, *runs_of([logs[0], idle]), *flags]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert f"{idle}: line {line}: rank 5 times forward-compute at 0.0 ms, but its " in error
+    assert "pipeline stage 2 holds layers (m) of layout Et|t*15|m|L" in error
+    assert CostStore(store).read("runs").empty and not Path(costs).exists()
+
+
+def test_a_stage_without_layers_may_time_no_compute():
+    """An empty stage (``Et*8||t*8|mL``) has nothing to compute: its zeros are no refusal; the
+    same zeros on a stage with layers are."""
+    block = ["times across ranks (ms):", "  forward-compute:"]
+    block += [f"     rank  {rank}: {0.0 if rank == 1 else 5.0:.2f}" for rank in range(4)]
+    lines = [f" iteration {i}/ 9 | elapsed time per iteration (ms): 9.0 |" for i in (1, 2)]
+    parsed = parse_log("\n".join([lines[0], *block, lines[1], *block]) + "\n")
+    parallel = replace(HANDBOOK.parallel, pp=4, tp=1, cp=1, dp=1, ep=1, etp=1)
+    empty = Layout.parse("Et*8||t*8|mL", 4)
+    refuse_idle_stage(CheckedRun(parsed, empty, parallel, 1), "log")
+    with pytest.raises(MeasurementError, match=r"^log: line 5: rank 1 times forward-compute"):
+        refuse_idle_stage(CheckedRun(parsed, Layout.parse("Et*8|t|t*7|mL", 4), parallel, 1), "log")

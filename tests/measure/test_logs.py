@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from dataclasses import replace
@@ -259,7 +260,7 @@ def test_malformed_lines_are_skipped_and_counted() -> None:
     )
     assert parsed.skipped_examples[2] == (
         f"line {at + 3}: '[Rank 2] (after 1 iterations) memory (MB) | allocated: 1.00 | max "
-        "allocated: 2.0…' (a memory line without its four sizes)"
+        "allocated: 2.0…' (a memory line without its rank, iteration and four sizes, each a number)"
     )
     assert parsed.skipped_examples[4] == (
         f"line {at + 5}: 'rank  9: 12.3.4' (a timer entry whose value is no number)"
@@ -368,7 +369,7 @@ def test_memory_line_with_total_device_memory() -> None:
     [([1, 10, 20, 30], 10), ([1, 5, 10], 5), ([101, 110, 120], 10), ([1, 10], None), ([1], None)],
 )
 def test_log_interval_hint(iterations: list[int], hint: int | None) -> None:
-    parsed = parse_log(as_text([iteration_line(i) for i in iterations]))
+    parsed = parse_log(as_text([iteration_line(i, train_iters=200) for i in iterations]))
     assert parsed.log_interval_hint == hint
 
 
@@ -527,7 +528,7 @@ _JUNK = st.builds(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(min_value=0), _JUNK), max_size=30))
 def test_junk_lines_never_change_the_records(insertions: list[tuple[int, str]]) -> None:
-    lines = [*clean_lines(), *(_PREFIXES[1] + line for line in clean_lines())]
+    lines = [(_PREFIXES[1] if i % 2 else "") + line for i, line in enumerate(clean_lines())]
     base = parse_log(as_text(lines))
     for position, junk in insertions:
         lines.insert(position % (len(lines) + 1), junk)
@@ -613,16 +614,31 @@ def test_an_iteration_line_with_a_segment_that_is_not_key_value_is_kept() -> Non
 
 def test_records_glued_onto_one_line_are_split_and_all_kept() -> None:
     first, second = memory_line(9, 1), memory_line(8, 1)
-    block = max_block(MAX_TIMES)
+    block = minmax_block(MINMAX_TIMES)
     lines = [first + second, iteration_line(10) + block[0], *block[1:3]]
-    lines[-1] += "training ..."  # print_rank_0 output glued after the last value
+    lines[-1] += "training ..."  # print_rank_0 output glued after the closing parenthesis
     parsed = parse_log(as_text(lines))
     assert [m.rank for m in parsed.memory] == [9, 8]
-    assert [(r.interval, r.iteration, r.timer) for r in parsed.timers] == [
-        (0, 10, "forward-backward"),
-        (0, 10, "optimizer"),
+    assert [(r.interval, r.iteration, r.timer, r.stat) for r in parsed.timers] == [
+        (0, 10, "forward-backward", "min"),
+        (0, 10, "forward-backward", "max"),
+        (0, 10, "optimizer", "min"),
+        (0, 10, "optimizer", "max"),
     ]
     assert parsed.split_lines == 3 and parsed.skipped_lines == 0
+
+
+@pytest.mark.parametrize("block", [all_block(ALL_TIMES), max_block(MAX_TIMES)])
+def test_text_glued_onto_a_bare_value_drops_the_entry(block: list[str]) -> None:
+    """``20.50training`` may be 20.50 with another writer's text, or a number with a tail:
+    no reader can tell, so the entry is dropped and counted, never read as a guess."""
+    lines = [*block[:-1], block[-1] + "training ..."]
+    parsed = parse_log(as_text(lines))
+    assert parsed.timers == parse_log(as_text(block[:-1])).timers
+    assert parsed.skipped_examples == (
+        f"line {len(lines)}: {block[-1].strip() + 'training ...'!r} "
+        "(a timer entry whose value is no number)",
+    )
 
 
 def test_every_iteration_line_megatron_prints_is_a_heartbeat() -> None:
@@ -768,3 +784,212 @@ def test_a_count_of_thousands_of_digits_is_a_skipped_line_not_a_traceback(line) 
     parsed = parse_log(text)
     assert parsed.timers == parse_log(as_text(all_block(ALL_TIMES))).timers
     assert parsed.world is None or parsed.world.sizes == {}
+
+
+# Every number of a log goes through one strict reader (ray_layout.measure.log_numbers).
+
+SEPARATED = [  # (where in clean_lines(), the value as printed, printed with separators)
+    ("     rank  0: 1234.56", "1234.56", "1,234.56"),
+    ("forward-backward .", "1236.25", "1,236.25"),  # the max block
+    ("(1230.50, 1236.25)", "(1230.50, 1236.25)", "(1_230.50, 1,236.25)"),
+    ("model-and-optimizer-setup", "(4100.00, 4125.50)", "(4,100.00, 4,125.50)"),
+    ("iteration       10/", "(ms): 1234.5", "(ms): 1,234.5"),
+    ("iteration       20/", "samples:         1280", "samples: 1,280"),
+    ("[Rank 3] (after 1", "max allocated: 2469.12", "max allocated: 2,469.12"),
+]
+
+
+@pytest.mark.parametrize(("where", "plain", "separated"), SEPARATED)
+def test_a_number_with_thousands_separators_reads_as_the_value_it_prints(
+    where: str, plain: str, separated: str
+) -> None:
+    lines = clean_lines()
+    at = next(i for i, line in enumerate(lines) if where in line and plain in line)
+    lines[at] = lines[at].replace(plain, separated)
+    assert parse_log(as_text(lines)) == CLEAN
+
+
+def test_a_timer_printed_with_a_thousands_separator_is_not_its_first_digit() -> None:
+    """The issue's example: ``rank  1: 1,392.00`` was stored as 1.0 ms."""
+    parsed = parse_log(
+        as_text([*all_block({"forward-compute": {0: 1.0}}), "     rank  1: 1,392.00"])
+    )
+    assert [(r.rank, r.ms) for r in parsed.timers] == [(0, 1.0), (1, 1392.0)]
+    line = "time (ms) | forward-compute: 1,392.00 | backward-compute: 2_784.50 |"
+    assert [r.ms for r in parse_log(as_text([line])).timers] == [1392.0, 2784.5]
+
+
+TAILED = [  # (where in clean_lines(), the number, why the line is dropped)
+    ("     rank  0: 1234.56", "1234.56", "a timer entry whose value is no number"),
+    ("     rank  0: 1234.56", "rank  0", "a timer entry whose value is no number"),
+    ("forward-backward .", "1236.25", "a timer entry whose value is no number"),
+    ("(1230.50, 1236.25)", "1230.50", "a timer entry whose value is no number"),
+    ("(1230.50, 1236.25)", "1236.25", "a timer entry whose value is no number"),
+    ("iteration       10/", "1234.5", "an iteration line cut short or with a value that is no"),
+    ("iteration       10/", "      10", "an iteration line cut short or with a value that is no"),
+    ("iteration       10/", "/      30", "an iteration line cut short or with a value that is no"),
+    ("iteration       10/", "1.000000E-04", "an iteration line cut short or with a value that"),
+    ("iteration       10/", "1.041234E+01", "an iteration line cut short or with a value that"),
+    ("iteration       10/", "3.456", "an iteration line cut short or with a value that is no"),
+    ("iteration       10/", "54.8", "an iteration line cut short or with a value that is no"),
+    ("iteration       10/", "scale: 1.0", "an iteration line cut short or with a value that is no"),
+    ("iteration       10/", "640", "an iteration line cut short or with a value that is no"),
+    (
+        "[Rank 3] (after 1",
+        "2469.12",
+        "a memory line without its rank, iteration and four sizes, each a number",
+    ),
+    (
+        "[Rank 3] (after 1",
+        "Rank 3",
+        "a memory line without its rank, iteration and four sizes, each a number",
+    ),
+    (
+        "[Rank 3] (after 1",
+        "after 1",
+        "a memory line without its rank, iteration and four sizes, each a number",
+    ),
+]
+
+
+@pytest.mark.parametrize("tail", ["x", "ms", ",5", "%", ".0.0", "e", "١"])
+@pytest.mark.parametrize(("where", "number", "why"), TAILED)
+def test_a_number_with_any_tail_drops_its_line_and_counts_it(where, number, why, tail) -> None:
+    lines = clean_lines()
+    at = next(i for i, line in enumerate(lines) if where in line and number in line)
+    lines[at] = lines[at].replace(number, number + tail, 1)
+    parsed = parse_log(as_text(lines))
+    assert parsed.skipped_lines == 1
+    assert parsed.skipped_examples[0].startswith(f"line {at + 1}: ")
+    assert why in parsed.skipped_examples[0]
+    assert len(parsed.timers) + len(parsed.iterations) + len(parsed.memory) < (
+        len(CLEAN.timers) + len(CLEAN.iterations) + len(CLEAN.memory)
+    )
+
+
+def test_a_one_line_block_with_an_entry_that_is_no_number_is_dropped_and_counted() -> None:
+    lines = [
+        iteration_line(10),
+        "time (ms) | forward-compute: 193.77 | backward-compute: 402.34x | optimizer: 20.05",
+        "time (ms) | forward-compute 193.77 |",
+    ]
+    parsed = parse_log(as_text(lines))
+    assert parsed.timers == () and parsed.skipped_lines == 2
+    assert "a one-line timer block with an entry no `name: number`" in parsed.skipped_examples[0]
+
+
+# Values no run has, refused at the line with the value (nothing of the log is used).
+REFUSED = [
+    ("(ms): 1234.5 |", "(ms): 0.0 |", r"elapsed time per iteration is 0\.0 ms: no step"),
+    ("iteration       20/      30", "iteration       31/      30", r"iteration 31 is past .* 30"),
+    ("iteration       20/      30", "iteration        5/      30", r"iteration 5 follows .* 10"),
+    ("     rank  3: 410.00", "     rank -3: 410.00", r"forward-compute of rank -3: .*negative"),
+    ("[Rank 3] (after 1", "[Rank -3] (after 1", r"rank -3's memory: rank -3 is negative"),
+    ("[Rank 3] (after 1", "[Rank 3] (after -1", r"rank 3's memory \(after iteration -1\) is"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "problem"), REFUSED)
+def test_a_step_an_iteration_or_a_rank_no_run_has_refuses_the_log_naming_the_line(
+    old: str, new: str, problem: str
+) -> None:
+    lines = clean_lines()
+    at = next(i for i, line in enumerate(lines) if old in line)
+    lines[at] = lines[at].replace(old, new)
+    with pytest.raises(MeasurementError, match=rf"^run\.log: line {at + 1}: .*{problem}") as no:
+        parse_log(as_text(lines), "run.log")
+    assert str(no.value).endswith("; nothing of this log is used") and "\n" not in str(no.value)
+
+
+def test_a_negative_rank_is_refused_wherever_a_block_holds_it() -> None:
+    for lines in (["     rank -1: 1.00"], [*all_block(ALL_TIMES), "     rank -1: 1.00"]):
+        text = as_text([memory_line(0, 1), "times across ranks (ms):", "  forward-compute:"])
+        with pytest.raises(MeasurementError, match=r"rank -1 is negative"):
+            parse_log(text + as_text(lines))
+
+
+# Container runtimes' records around every line (ray_layout.measure.log_wrappers).
+
+
+def test_a_kubernetes_cri_log_reads_as_the_plain_log() -> None:
+    """``<time> stdout F <text>`` on every line, long lines split into ``P`` records: the
+    timers are read, not lost to the prefix ("found no per-rank timers")."""
+    stamp = "2026-12-05T10:31:07.123456789Z"
+    records = []
+    for index, line in enumerate(clean_lines()):
+        stream = "stderr" if "iteration" in line else "stdout"
+        if len(line) > 40:
+            records.append(f"{stamp} {stream} P {line[:40]}")
+            if index % 3 == 0:
+                records.append(f"{stamp} {'stdout' if stream == 'stderr' else 'stderr'} F noise")
+            line = line[40:]
+        records.append(f"{stamp} {stream} F {line}")
+    assert parse_log(as_text(records)) == CLEAN
+
+
+def test_a_docker_json_file_log_reads_as_the_plain_log() -> None:
+    records = [
+        json.dumps({"log": line + "\n", "stream": "stdout", "time": "2026-12-05T10:31:07Z"})
+        for line in clean_lines()
+    ]
+    assert parse_log(as_text(records)) == CLEAN
+
+
+def test_a_cri_record_cut_mid_line_is_skipped_as_a_cut_line() -> None:
+    stamp = "2026-12-05T10:31:07Z"
+    records = [f"{stamp} stdout F {line}" for line in clean_lines()]
+    parsed = parse_log(as_text(records) + f"{stamp} stdout P      rank  3: 41\n")
+    assert parsed.timers == CLEAN.timers and parsed.skipped_lines == 1
+    assert "cut off: the log ends without a newline" in parsed.skipped_examples[0]
+
+
+_PRINTED_AS = ["{:.2f}", "{:,.2f}", "{:_.2f}", "{:.1f}", "{:,.1f}", "{:.6E}", "{!r}"]
+_IN_LINE = {  # a record holding one value, and how to find that value among the parsed records
+    "all": (
+        lambda v: [*all_block({"f": {0: 1.0}}), f"     rank  1: {v}"],
+        lambda p: p.timers[-1].ms,
+    ),
+    "max": (
+        lambda v: [f"max time across ranks (ms):\n    f .......: {v}"],
+        lambda p: p.timers[0].ms,
+    ),
+    "minmax": (
+        lambda v: [f"(min, max) time across ranks (ms):\n    f .......: ({v}, {v})"],
+        lambda p: p.timers[1].ms,
+    ),
+    "one-line": (lambda v: [f"time (ms) | f: 1.00 | g: {v} |"], lambda p: p.timers[1].ms),
+    "step": (
+        lambda v: [f" iteration 3/ 9 | elapsed time per iteration (ms): {v} |"],
+        lambda p: p.iterations[0].elapsed_ms,
+    ),
+    "memory": (
+        lambda v: [memory_line(0, 1).replace("| reserved: 2500.00", f"| reserved: {v}")],
+        lambda p: p.memory[0].reserved_mb,
+    ),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(sorted(_IN_LINE)),
+    st.floats(min_value=0.01, max_value=1.6e7),
+    st.sampled_from(_PRINTED_AS),
+    st.one_of(st.just(""), st.sampled_from(["x", "ms", ",5", "%", "e", "0,0", "_1", ")"])),
+)
+def test_every_value_of_every_record_is_read_whole(where, value, form, junk) -> None:
+    """Any value printed as Megatron or a fork prints it reads back to the value it prints, in
+    every record; with anything appended, its line is dropped and counted, never read."""
+    write, read = _IN_LINE[where]
+    printed = form.format(value)
+    whole = parse_log(as_text(write(printed)))
+    assert read(whole) == float(printed.replace(",", "").replace("_", ""))
+    assert whole.skipped_lines == 0
+    if not junk:
+        return
+    try:
+        parsed = parse_log(as_text(write(printed + junk)))
+    except MeasurementError as error:  # the dropped line was the log's only record
+        assert "could be read: 1 line(s) that look like them were dropped" in str(error)
+        return
+    assert parsed.skipped_lines == 1
+    assert len(parsed.timers) + len(parsed.memory) < len(whole.timers) + len(whole.memory)

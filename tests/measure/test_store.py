@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import signal
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -18,22 +19,55 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ray_layout.ab.vocabulary import StopReason
 from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.measure.store import CostStore
-from ray_layout.measure.store_schema import RUN_DATA_TABLES, SCHEMA_VERSION, TABLE_SCHEMAS
+from ray_layout.measure.store_claims import acquire, claim_path
+from ray_layout.measure.store_schema import (
+    RUN_DATA_TABLES,
+    SCHEMA_VERSION,
+    TABLE_SCHEMAS,
+    declaration,
+)
 from ray_layout.runtime.failures import FailureClass
 
 SPAWN = multiprocessing.get_context("spawn")
-RUN = {"run_id": "r1", "content_hash": "h1", "status": "finished", "layout": "Et*2|tL", "pp": 2}
+DECLARED = {"model": "m", "tp": 1, "vpp": 1, "cp": 1, "ep": 1, "etp": 1, "dp": 1,
+            "micro_batch_size": 1, "num_microbatches": 4}  # fmt: skip
+RUN = {"run_id": "r1", "content_hash": "h1", "status": "finished", "layout": "Et*2|tL", "pp": 2,
+       **DECLARED}  # fmt: skip
 RUN_TABLES = {
     "timers": [
-        {"iteration": 10, "rank": 0, "pp_rank": 0, "timer": "forward-backward", "ms": 812.5},
-        {"iteration": 10, "rank": 1, "pp_rank": 1, "timer": "forward-backward", "ms": 809.0},
+        {
+            "interval": 2,
+            "iteration": 10,
+            "rank": 0,
+            "pp_rank": 0,
+            "timer": "forward-backward",
+            "ms": 812.5,
+        },
+        {
+            "interval": 2,
+            "iteration": 10,
+            "rank": 1,
+            "pp_rank": 1,
+            "timer": "forward-backward",
+            "ms": 809.0,
+        },
     ],
     "iterations": [{"iteration": 10, "elapsed_ms": 820.0}, {"iteration": 20, "elapsed_ms": 818.0}],
-    "memory": [{"rank": 0, "pp_rank": 0, "allocated_mb": 1000.0, "max_allocated_mb": 1500.0}],
+    "memory": [
+        {
+            "rank": 0,
+            "pp_rank": 0,
+            "iteration": 10,
+            "allocated_mb": 1000.0,
+            "max_allocated_mb": 1500.0,
+        }
+    ],
 }
 
 
@@ -155,7 +189,7 @@ def test_write_run_stores_a_run_once(tmp_path):
     assert store.write_run(RUN, RUN_TABLES, "s") is True
     assert store.write_run(RUN, RUN_TABLES, "s") is False
     assert store.write_run({**RUN, "run_id": "r1-again"}, RUN_TABLES, "s") is False
-    assert store.write_run({"run_id": "r1", "content_hash": "h2"}, RUN_TABLES, "s") is False
+    assert store.write_run({**RUN, "content_hash": "h2"}, RUN_TABLES, "s") is False
     assert store.read("runs")["run_id"].tolist() == ["r1"]
     for table in RUN_DATA_TABLES:
         assert len(store.read_run_data(table)) == len(RUN_TABLES[table])
@@ -418,7 +452,7 @@ def test_remove_run_changes_nothing_when_a_file_of_the_study_is_unreadable(tmp_p
     corrupt = tmp_path / "table=decisions" / "study=s" / "part-x.parquet"
     corrupt.parent.mkdir(parents=True)
     corrupt.write_bytes(b"garbage")
-    with pytest.raises(ConfigError, match=r"part-x\.parquet: not a readable Parquet file"):
+    with pytest.raises(MeasurementError, match=r"part-x\.parquet: the store cannot read it"):
         store.remove_run("s", "r1")
     assert store.read("runs", "s").run_id.tolist() == ["r1"]  # nothing was removed
     assert len(store.read("timers", "s")) == len(RUN_TABLES["timers"])
@@ -441,3 +475,119 @@ def test_a_damaged_file_in_the_store_is_one_error_naming_it(tmp_path: Path, dama
     with pytest.raises(MeasurementError, match=r"the store cannot read it .*move the damaged"):
         store.read("iterations", study="s")
     assert sorted(p.name for p in written.parent.iterdir()) == before
+
+
+# --- a run is its log and its declaration ------------------------------------------------------
+
+
+def _ingest_declared(root: str, barrier: Any, results: Any, layout: str) -> None:
+    store = CostStore(root)
+    barrier.wait()
+    try:
+        results.put((layout, store.write_run({**RUN, "layout": layout}, RUN_TABLES, "s")))
+    except ConfigError as exc:
+        results.put((layout, str(exc)))
+
+
+def test_processes_racing_to_ingest_one_log_declared_two_ways_refuse_the_contradiction(tmp_path):
+    """Three ingests of one log at once, two declaring one layout and one another: one stores
+    it, one that agrees with it is told it is there, one that does not is refused naming both
+    (never "already in the store")."""
+    layouts = ["Et*2|tL", "Et|t*2L", "Et*2|tL"]
+    for attempt in range(2):
+        root = tmp_path / str(attempt)
+        barrier, results = SPAWN.Barrier(3), SPAWN.Queue()
+        racers = [
+            SPAWN.Process(target=_ingest_declared, args=(str(root), barrier, results, layout))
+            for layout in layouts
+        ]
+        assert run_processes(*racers) == [0, 0, 0]
+        outcomes = [results.get(timeout=5) for _ in racers]
+        (stored,) = CostStore(root).read("runs").layout
+        assert sorted(o for _, o in outcomes if isinstance(o, bool)).count(True) == 1
+        for layout, outcome in outcomes:
+            if layout == stored:
+                assert isinstance(outcome, bool)
+                continue
+            assert isinstance(outcome, str) and "\n" not in outcome
+            assert f"declared with layout {stored!r}" in outcome
+            assert f"declares it with layout {layout!r}" in outcome
+        assert len(CostStore(root).read_run_data("timers")) == len(RUN_TABLES["timers"])
+
+
+def test_a_live_writers_declaration_settles_what_a_loser_is_told(tmp_path):
+    """Deterministically, the loser's side of the race: a live claim that declares another
+    layout refuses, one that declares the same is "being stored" (False), and nothing is
+    written either way."""
+    store = CostStore(tmp_path)
+    claim = claim_path(tmp_path, "s", RUN["content_hash"])
+    acquire(claim, uuid.uuid4().hex, declaration({**RUN, "layout": "Et|t*2L"}), 600.0)
+    being = r"is being stored now by another ingest \(pid \d+ on '.+'\) declared with layout"
+    with pytest.raises(ConfigError, match=being + r" 'Et\|t\*2L'; this ingest declares it with"):
+        store.write_run(RUN, RUN_TABLES, "s")
+    claim.unlink()
+    acquire(claim, uuid.uuid4().hex, declaration(RUN), 600.0)
+    assert store.write_run(RUN, RUN_TABLES, "s") is False
+    assert store.read("runs").empty and store.read("timers").empty
+
+
+def test_a_stored_run_declared_otherwise_refuses_and_writes_nothing_of_the_call(tmp_path):
+    store = CostStore(tmp_path)
+    assert store.write_run(RUN, RUN_TABLES, "s")
+    other = {**RUN, "run_id": "r2", "content_hash": "h2"}
+    refused = (
+        rf"^{tmp_path}: run r1 of study 's' is stored declared with pp 2, num_microbatches 4; "
+        r"this ingest declares it with pp 4, num_microbatches 8: .* store rm r1 "
+    )
+    twice = {**RUN, "pp": 4, "num_microbatches": 8}
+    with pytest.raises(ConfigError, match=refused):
+        store.write_runs([(other, RUN_TABLES), (twice, RUN_TABLES)], "s")
+    assert store.read("runs").run_id.tolist() == ["r1"]  # r2 was not stored either
+    assert len(store.read("timers")) == len(RUN_TABLES["timers"])
+    assert store.write_runs([(other, RUN_TABLES), (RUN, RUN_TABLES)], "s") == [True, False]
+
+
+def test_remove_run_names_a_fit_whose_runs_are_not_a_list(tmp_path):
+    store = CostStore(tmp_path)
+    store.write_run(RUN, RUN_TABLES, "s")
+    fits = store.write("fits", [{"fit_id": "f1", "runs": '["r1", '}], "s")
+    with pytest.raises(MeasurementError, match=rf"^{fits}: the store cannot read it \(a fit's"):
+        store.remove_run("s", "r1")
+    assert store.read("runs", "s").run_id.tolist() == ["r1"]
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_damaged_part_is_read_right_or_one_line_by_every_reader(tmp_path_factory, data):
+    """A part of any table cut short, overwritten, emptied, or a folder or FIFO in its place:
+    every reader returns or says one line naming the damage, and changes nothing."""
+    root = tmp_path_factory.mktemp("store")
+    store = CostStore(root)
+    store.write_run(RUN, RUN_TABLES, "s")
+    part = data.draw(st.sampled_from(sorted(root.glob("table=*/study=s/part-*.parquet"))))
+    good = part.read_bytes()
+    how = data.draw(st.sampled_from(["cut", "overwrite", "empty", "folder", "fifo"]))
+    at = data.draw(st.integers(0, len(good)))
+    part.unlink()
+    if how == "folder":
+        part.mkdir()
+    elif how == "fifo":
+        os.mkfifo(part)
+    else:
+        noise = data.draw(st.binary(min_size=1, max_size=32))
+        part.write_bytes({"cut": good[:at], "overwrite": good[:at] + noise + good[at + 32 :],
+                          "empty": b""}[how])  # fmt: skip
+    before = sorted(p.name for p in part.parent.iterdir())
+    for read in (
+        lambda: store.read("runs", "s"),
+        lambda: store.read_run_data("timers", "s"),
+        lambda: store.read_run_data("iterations"),
+        lambda: store.remove_run("s", "r1", dry_run=True),
+    ):
+        try:
+            read()
+        except (MeasurementError, ConfigError) as error:
+            assert "\n" not in str(error) and str(root) in str(error)
+    assert sorted(p.name for p in part.parent.iterdir()) == before

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 
+import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import pytest
@@ -11,13 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError
+from ray_layout.measure.ingest import DECLARED_COLUMNS
 from ray_layout.measure.store_schema import (
     COLUMN_TYPES,
+    DECLARATION,
     PARTITION_KEY,
     SCHEMA_VERSION,
     TABLE_SCHEMAS,
     TABLES_FILE,
     check_study,
+    declaration,
     file_schema,
     first_line,
     frame_of,
@@ -191,3 +196,15 @@ def _cells(row: str) -> list[str]:
         else:
             current += char
     return [*cells, current]
+
+
+def test_a_declaration_compares_equal_however_it_was_read():
+    """A row to write, a row read back through pandas (ints with a null become floats, a null a
+    NaN) and a claim's JSON give one declaration; it is what ingest refuses a log declared
+    otherwise by."""
+    written = {"model": "m", "layout": "Et*2|tL", "pp": 2, "vpp": 1, "tp": 1, "cp": 1, "ep": 1,
+               "etp": 1, "dp": 1, "micro_batch_size": 1, "num_microbatches": None}  # fmt: skip
+    read = {**written, "pp": np.float64(2.0), "num_microbatches": float("nan"), "other": 1}
+    assert declaration(read) == declaration(json.loads(json.dumps(written))) == written
+    assert declaration({**read, "pp": 2.5})["pp"] == 2.5
+    assert set(DECLARATION) == set(DECLARED_COLUMNS)

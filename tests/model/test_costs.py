@@ -8,13 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.model.costs import (
     FORMAT,
     UnitCosts,
     costs_from_dict,
     costs_from_flops,
     costs_to_dict,
+    costs_warnings,
     load_costs,
     provenance_mismatches,
     save_costs,
@@ -149,9 +150,9 @@ def _drop_unit(key, unit):
         (_set("source", "guess"), "source must be one of fit, flops, manual, got 'guess'"),
         (_set("model", ""), "model must be a non-empty string, got ''"),
         (_set("model", 7), "model must be a non-empty string, got 7"),
-        (_set("tp", 0), "tp must be a positive integer, got 0"),
-        (_set("micro_batch_size", 2.0), "micro_batch_size must be a positive integer, got 2.0"),
-        (_set("gpus_per_node", True), "gpus_per_node must be a positive integer, got True"),
+        (_set("tp", 0), "tp must be >= 1, got 0"),
+        (_set("micro_batch_size", 2.0), "micro_batch_size must be an integer, got 2.0"),
+        (_set("gpus_per_node", True), "gpus_per_node must be an integer, got True"),
         (_set("p2p_inter_node_ms", -1), "p2p_inter_node_ms must be 0 or at least 1e-06 ms (1 ns)"),
         (_set("p2p_intra_node_ms", "0.4"), "p2p_intra_node_ms must be a finite number, got '0.4'"),
         (_set("optimizer_ms_per_gparam", None), "optimizer_ms_per_gparam must be a finite number"),
@@ -163,6 +164,11 @@ def _drop_unit(key, unit):
         (_set("memory_overhead_gib", 1e6), "memory_overhead_gib must be at most 1024 GiB"),
         (_set("grad_sync_ms_per_gparam", float("inf")), "grad_sync_ms_per_gparam must be a finite"),
         (_set("tail_fixed_ms", 1e300), "tail_fixed_ms must be at most 1e+07 ms, got 1e+300"),
+        # a number too large for a float: one line, never an OverflowError
+        (_set("p2p_intra_node_ms", int("9" * 400)), "p2p_intra_node_ms must be at most 600000 ms"),
+        (_set_unit("forward_ms", "t", -int("9" * 400)), "forward_ms.t must be 0 or at least 1e-06"),
+        (_set("mtp_standalone_factor", int("9" * 400)), "must be at most 4, got a 1329-bit number"),
+        (_set("p2p_inter_node_ms", 1e7), "p2p_inter_node_ms must be at most 600000 ms (Megatron's"),
         (_set("tp", 10**6), "tp must be <= 65,536, got 1000000"),
         (_set("seq_length", 10**30), "seq_length must be <= 16,777,216, got a 100-bit number"),
         (_set("forward_ms", [10.0]), "forward_ms must be an object of unit name to number"),
@@ -401,3 +407,30 @@ def test_a_fits_costs_are_moved_into_the_ranges_load_costs_accepts(tmp_path):
     save_costs(moved, tmp_path / "costs.json")
     assert load_costs(tmp_path / "costs.json") == moved
     assert within_bounds(example) == (example, ())
+
+
+def test_a_fit_no_move_can_mend_is_a_measurement_error_not_a_file_that_will_not_load():
+    example = load_costs(EXAMPLE)
+    with pytest.raises(MeasurementError) as info:
+        within_bounds(replace(example, p2p_inter_node_ms=2e6))
+    assert str(info.value).startswith(
+        "the fitted costs: p2p_inter_node_ms must be at most 600000 ms (Megatron's default"
+    )
+    assert str(info.value).endswith("got 2000000.0: the runs' timers cannot give that")
+
+
+def test_implausible_costs_are_named_for_the_commands_to_warn_of():
+    example = load_costs(EXAMPLE)
+    assert costs_warnings(example) == ()
+    absurd = replace(example, backward_ms={**example.backward_ms, "t": 1e5}, tail_fixed_ms=7.2e6)
+    assert [line.split(" is ")[0] for line in costs_warnings(absurd)] == [
+        "backward_ms.t",
+        "backward_ms.t",
+        "tail_fixed_ms",
+    ]
+
+
+def test_the_model_name_a_costs_file_gives_is_kept_printable(tmp_path):
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(example_dict() | {"model": "evil\x1b[31m\rname"}))
+    assert load_costs(path).model == "evil\\x1b[31m\\rname"

@@ -26,7 +26,7 @@ from ray_layout.model.fields import (
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.megatron_recipe import load_megatron_command_line
 from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
-from ray_layout.model.spec import build_recipe
+from ray_layout.model.spec import build_recipe, load_recipe_file
 from tests.helpers.megatron_arguments_oracle import parse_megatron_args
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 from tests.helpers.paths import HF_CONFIGS
@@ -137,6 +137,18 @@ def test_checked_values_are_one_line_errors_naming_the_field(value, kind, messag
 def test_checked_takes_an_integral_float_as_an_int():
     value = checked("num_layers", 8.0, int, source="x", minimum=1)
     assert value == 8 and type(value) is int
+
+
+def test_a_name_is_kept_printable_wherever_a_loader_gives_it(tmp_path):
+    """A config's name is printed in every table and note: a terminal's escape sequence in it is
+    shown as its escape, never acted on."""
+    assert checked("name", "a\x1b[31mb\rc", str, source="x") == "a\\x1b[31mb\\rc"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        'name: "evil\\x1b[31m\\rname"\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n'
+        "seq_length: 128\nvocab_size: 1000\n"
+    )
+    assert load_recipe_file(config).model.name == "evil\\x1b[31m\\rname"
 
 
 def test_take_gives_defaults_and_refuses_a_missing_or_non_positive_required_field():

@@ -220,3 +220,31 @@ def test_a_log_of_any_size_is_read_from_its_opening_with_stray_bytes_replaced(tm
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match=r"^fifo\.log: a FIFO, not a regular file .*at most"):
         read_log_opening(fifo, "fifo.log")
+
+
+def test_a_yaml_number_is_one_only_in_plain_decimal(tmp_path):
+    """YAML 1.1 reads 1_6 and 1:30 as 16 and 90, 016 as octal 14 and 0x10 as 16: those stay text,
+    which a field's reader refuses by name; plain numbers, signs and inf/nan stay numbers."""
+    text = (
+        "a: 1_6\nb: 016\nc: 1:30\nd: 0x10\ne: 0o7\nf: 1_000.5\ng: 16\nh: -3\ni: +7\nj: 0\n"
+        "k: 1.5\nl: .5\nm: 2.\nn: 1.0e+3\no: .inf\np: -.inf\nq: 12345678901234567890123\n"
+    )
+    read = read_mapping(written(tmp_path, "x.yaml", text.encode()), "x.yaml")
+    assert {k: read[k] for k in "abcdef"} == dict(
+        zip("abcdef", ["1_6", "016", "1:30", "0x10", "0o7", "1_000.5"], strict=True)
+    )
+    assert [read[k] for k in "ghijklmnopq"] == [
+        16,
+        -3,
+        7,
+        0,
+        1.5,
+        0.5,
+        2.0,
+        1000.0,
+        float("inf"),
+        float("-inf"),
+        12345678901234567890123,
+    ]
+    nan = read_mapping(written(tmp_path, "y.yaml", b"x: .nan\n"), "y.yaml")["x"]
+    assert nan != nan

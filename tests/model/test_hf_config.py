@@ -131,6 +131,25 @@ def test_mapping_with_source_and_name_or_path():
     assert load_hf_config(config("OLMoE-1B-7B-0924")).model.name == "olmoe"
 
 
+def test_a_name_with_terminal_escapes_is_kept_printable():
+    """A name reaches the terminal in every table and note: its escapes are shown, not acted on."""
+    raw = config("Mixtral-8x7B-v0.1") | {"_name_or_path": "org/\x1b[31mevil\rname\x07"}
+    recipe = load_hf_config(raw | {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}})
+    assert recipe.model.name == "\\x1b[31mevil\\rname\\x07"
+    assert recipe.notes[0].startswith("\\x1b[31mevil\\rname\\x07: its longrope RoPE scaling")
+    assert all(c.isprintable() for c in recipe.model.name + recipe.notes[0])
+
+
+def test_numbers_too_large_for_a_float_are_one_line_naming_the_key():
+    for key in ("rope_theta", "rms_norm_eps", "routed_scaling_factor"):
+        with pytest.raises(ConfigError) as info:
+            load_hf_config(config("DeepSeek-V3") | {key: int("9" * 400)}, source="c.json")
+        assert str(info.value) == f"c.json: {key} must be at most 1e+12, got a 1329-bit number"
+    scaling = {"type": "yarn", "factor": 40, "mscale": float("inf")}
+    with pytest.raises(ConfigError, match=r"^c\.json: rope_scaling mscale must be a finite number"):
+        load_hf_config(config("DeepSeek-V3") | {"rope_scaling": scaling}, source="c.json")
+
+
 def test_deepseek_layer_freq_counts_from_layer_zero():
     raw = config("DeepSeek-V3") | {"num_hidden_layers": 8, "moe_layer_freq": 2}
     pattern = load_hf_config(raw).model.moe_layer_pattern
@@ -224,8 +243,14 @@ def test_errors_name_the_key(change, message):
         ("Qwen3-30B-A3B", {"mlp_only_layers": [-1]}, "entry -1 is not a layer"),
         ("DeepSeek-V3", {"num_nextn_predict_layers": 10**9}, "must be <= 1,024, got 1000000000"),
         ("DeepSeek-V3", {"n_routed_experts": 10**12}, "n_routed_experts must be <= 16,777,216"),
+        # a count of layers past the model's layers is a typo, not a model of dense layers only
+        ("DeepSeek-V3", {"first_k_dense_replace": 62}, "first_k_dense_replace must be <= 61 .the "
+         "dense layers before the first MoE one, of the 61., got 62"),
+        ("DeepSeek-V3", {"moe_layer_freq": 10**400}, "moe_layer_freq must be <= 61 .a step "
+         "within the 61 layers., got a 1329-bit number"),
+        ("Qwen3-30B-A3B", {"decoder_sparse_step": 49}, "decoder_sparse_step must be <= 48"),
     ],
-)
+)  # fmt: skip
 def test_family_key_errors(name, change, message):
     with pytest.raises(ConfigError, match=message):
         load_hf_config(config(name) | change, source="c.json")
@@ -450,6 +475,7 @@ def test_small_configs_match_megatron_core(name, megatron_world):
         ({"partial_rotary_factor": 1.5}, "partial_rotary_factor must be at most 1, got 1.5"),
         ({"n_routed_experts": None}, "missing key n_routed_experts"),
         ({"first_k_dense_replace": -1}, "first_k_dense_replace must be >= 0, got -1"),
+        ({"first_k_dense_replace": 93}, "first_k_dense_replace must be <= 92"),
     ],
 )
 def test_glm4_moe_errors_name_the_key(change, message):

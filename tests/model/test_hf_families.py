@@ -193,7 +193,7 @@ def test_llama4_notes_its_qk_norm_on_rope_layers_and_rope_scaling_factors():
     [
         (
             {"rope_scaling": {"rope_type": "llama3", "factor": 16.0, "high_freq_factor": "1"}},
-            "rope_scaling high_freq_factor must be a number > 0",
+            "rope_scaling high_freq_factor must be a finite number",
         ),
         (
             {"moe_layers": [48]},

@@ -17,7 +17,7 @@ from ray_layout.model.hf_flags import (
     MIXTRAL,
     UNNORMALIZED_SOFTMAX,
     Defaults,
-    llama3_scaling_differences,
+    rotary_notes,
     training_flags,
     with_user_flags,
 )
@@ -139,21 +139,81 @@ def test_dense_llama3_rope_scaling_and_transformers5_rope_parameters():
     assert flags[flags.index("--rotary-percent") + 1] == "0.25"
 
 
+def _rope(scaling: dict, model=None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the rotary flags, the rotary notes) of a dense Llama-shaped file with ``scaling``."""
+    raw = DENSE_LLAMA | {"rope_scaling": scaling}
+    flags = training_flags(raw, model or DENSE_MODEL, Defaults(), "f")
+    rotary = flags[flags.index("--rotary-base") : flags.index("--norm-epsilon")]
+    return rotary, rotary_notes(raw, model or DENSE_MODEL)
+
+
 def test_llama3_scaling_names_what_megatron_fixes_otherwise():
     """Megatron's llama3 scaling fixes low/high frequency factors 1 and 4 over 8192 tokens
-    (RotaryEmbedding._apply_scaling, core_v0.16.1): Llama 3.1's; Llama-4-Scout's high is 1."""
+    (Llama 3.1's); Scout's high factor 1 and 4096 tokens have no flag: the note says so."""
     llama31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
-    assert llama3_scaling_differences({"rope_scaling": llama31}, "f") == ()
-    assert llama3_scaling_differences({"rope_scaling": {"rope_type": "llama3"}}, "f") == ()
-    assert llama3_scaling_differences({"rope_scaling": llama31 | {"rope_type": "yarn"}}, "f") == ()
-    scout = llama31 | {"high_freq_factor": 1.0, "original_max_position_embeddings": 4096}
-    assert llama3_scaling_differences({"rope_parameters": scout}, "f") == (
-        "high_freq_factor 1 (Megatron's is 4)",
-        "original_max_position_embeddings 4096 (Megatron's is 8192)",
+    assert _rope(llama31) == (
+        ("--rotary-base", "10000", "--use-rope-scaling", "--rope-scaling-factor", "8.0"),
+        (),
     )
-    with pytest.raises(ConfigError, match="f: rope_scaling low_freq_factor must be a number > 0"):
-        llama3_scaling_differences({"rope_scaling": llama31 | {"low_freq_factor": 0}}, "f")
+    assert _rope({"rope_type": "llama3", "factor": 8.0})[1] == ()
+    scout = llama31 | {"high_freq_factor": 1.0, "original_max_position_embeddings": 4096}
+    assert _rope(scout)[1] == (
+        "its llama3 RoPE scaling's high_freq_factor 1 (Megatron's is 4), "
+        "original_max_position_embeddings 4096 (Megatron's is 8192) has no Megatron flag: it "
+        "trains with Megatron's",
+    )
+    with pytest.raises(ConfigError, match="f: rope_scaling low_freq_factor must be > 0"):
+        _rope(llama31 | {"low_freq_factor": 0})
+
+
+def test_every_rope_scaling_megatron_trains_is_a_flag_and_the_rest_a_note():
+    """linear by a whole factor divides positions as --rotary-seq-len-interpolation-factor does;
+    dynamic NTK is plain RoPE up to max_position_embeddings; YaRN outside MLA, longrope and a
+    fractional linear factor have no flag: a note says so, never silence."""
+    plain = ("--rotary-base", "10000")
+    assert _rope({"rope_type": "linear", "factor": 4.0}) == (
+        (*plain, "--rotary-seq-len-interpolation-factor", "4"),
+        (),
+    )
+    assert _rope({"type": "linear", "factor": 2.5}) == (
+        plain,
+        ("its linear RoPE scaling has no Megatron core_v0.16.1 flag "
+         "(--rotary-seq-len-interpolation-factor takes an integer, not 2.5): the runs train "
+         "plain RoPE",),
+    )  # fmt: skip
+    flags, notes = _rope({"rope_type": "dynamic", "factor": 2.0})
+    assert flags == plain and "acts only past max_position_embeddings (4096 tokens)" in notes[0]
+    for kind, why in (("yarn", " outside MLA"), ("longrope", "")):
+        scaling = {"rope_type": kind, "factor": 4.0, "short_factor": [1.0], "long_factor": [2.0]}
+        assert _rope(scaling) == (
+            plain,
+            (f"its {kind} RoPE scaling has no Megatron core_v0.16.1 flag{why}: the runs train "
+             "plain RoPE",),
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^f: rope_scaling rope_type 'ntk' is not one of"):
+        _rope({"rope_type": "ntk", "factor": 2.0})
+    with pytest.raises(ConfigError, match="rope_scaling factor must be at most 1e"):
+        _rope({"rope_type": "linear", "factor": 10**400})
+
+
+def test_mla_takes_only_yarn_and_names_the_yarn_keys_megatron_fixes():
+    """MLA builds YaRN or plain RoPE; Kimi-K2's beta_fast 1 is not Megatron's fixed 32."""
+    deepseek = load_hf_config(config("DeepSeek-V3"))
+    assert deepseek.notes == ()
+    raw = config("DeepSeek-V3")
+    kimi = raw | {"rope_scaling": raw["rope_scaling"] | {"beta_fast": 1.0}}
+    assert load_hf_config(kimi).notes == (
+        "deepseek_v3: its yarn RoPE scaling's beta_fast 1 (Megatron's is 32) has no Megatron "
+        "flag: it trains with Megatron's",
+    )
+    linear = load_hf_config(raw | {"rope_scaling": {"type": "linear", "factor": 4}})
+    assert "--rope-type" in linear.megatron_args and "rope" in linear.megatron_args
+    assert "--rotary-seq-len-interpolation-factor" not in linear.megatron_args
+    assert linear.notes == (
+        "deepseek_v3: its linear RoPE scaling has no Megatron core_v0.16.1 flag for MLA: the runs "
+        "train plain RoPE",
+    )
 
 
 def test_every_derived_flag_is_megatrons():
@@ -195,21 +255,21 @@ def test_derived_flags_come_first_and_the_users_win():
     ("change", "message"),
     [
         ({"rope_theta": 10000.5}, "rope_theta 10000.5 is not a whole number"),
-        ({"rope_theta": "1e4"}, "rope_theta must be a number > 0, got '1e4'"),
-        ({"rms_norm_eps": -1}, "rms_norm_eps must be a number > 0, got -1"),
+        ({"rope_theta": "1e4"}, "rope_theta must be a finite number, got '1e4'"),
+        ({"rms_norm_eps": -1}, "rms_norm_eps must be > 0, got -1"),
         ({"scoring_func": "relu"}, "scoring_func must be softmax or sigmoid, got 'relu'"),
         ({"topk_method": "best"}, "topk_method must be one of greedy, group_limited_greedy,"),
         ({"scoring_func": "softmax"}, "topk_method noaux_tc needs scoring_func sigmoid"),
         ({"n_group": 7}, "n_group 7 does not divide the 256 experts"),
-        ({"n_group": "8"}, "n_group must be an integer >= 1, got '8'"),
+        ({"n_group": "8"}, "n_group must be an integer, got '8'"),
         ({"topk_group": 16}, "topk_group 16 is more than n_group 8"),
         ({"num_experts_per_tok": 2}, "num_experts_per_tok 2 is less than topk_group 4"),
         ({"norm_topk_prob": "yes"}, "norm_topk_prob must be true or false"),
-        ({"routed_scaling_factor": 0}, "routed_scaling_factor must be a number > 0, got 0"),
+        ({"routed_scaling_factor": 0}, "routed_scaling_factor must be > 0, got 0"),
         ({"rope_scaling": "yarn"}, "rope_scaling must be a mapping, got 'yarn'"),
         ({"rope_scaling": {"type": "yarn"}}, "rope_scaling has no factor"),
         ({"rope_scaling": {"type": "yarn", "factor": 40, "mscale_all_dim": -1}},
-         "rope_scaling mscale_all_dim must be a number >= 0, got -1"),
+         "rope_scaling mscale_all_dim must be at least 0, got -1"),
         ({"megatron_args": "--bf16"}, "megatron_args must be a list of flags and values"),
     ],
 )  # fmt: skip
@@ -222,6 +282,11 @@ def test_training_flag_errors_name_the_key(change, message):
 
 
 MIXTRAL_MODEL = load_hf_config(HF / "Mixtral-8x7B-v0.1" / "config.json").model
+DENSE_LLAMA = {
+    "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
+    "num_attention_heads": 4, "vocab_size": 1024, "max_position_embeddings": 4096,
+}  # fmt: skip
+DENSE_MODEL = load_hf_config(DENSE_LLAMA).model
 DENSE_LEARNED = replace(
     MIXTRAL_MODEL,
     num_experts=0,
@@ -259,10 +324,13 @@ def test_what_a_familys_modeling_code_hard_wires_wins_over_the_file():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"rms_norm_eps": float("inf")}, "m: rms_norm_eps must be finite, got inf"),
-        ({"rms_norm_eps": True}, "m: rms_norm_eps must be a number > 0, got True"),
-        ({"rope_theta": float("nan")}, "m: rope_theta must be a number > 0, got nan"),
-        ({"routed_scaling_factor": "2"}, "m: routed_scaling_factor must be a number > 0, got '2'"),
+        ({"rms_norm_eps": float("inf")}, "m: rms_norm_eps must be a finite number, got inf"),
+        ({"rms_norm_eps": True}, "m: rms_norm_eps must be a finite number, got True"),
+        ({"rope_theta": float("nan")}, "m: rope_theta must be a finite number, got nan"),
+        (
+            {"routed_scaling_factor": "2"},
+            "m: routed_scaling_factor must be a finite number, got '2'",
+        ),
     ],
 )
 def test_a_value_megatron_cannot_take_is_one_line_naming_the_key(raw, message):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+import time
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from ray_layout.errors import LayoutError
 from ray_layout.model.layout import (
+    MAX_LAYOUT_TEXT,
     Layout,
     build_problem,
     expand,
@@ -169,6 +172,61 @@ def test_rejections_name_the_problem(text, pp, layers, mtp, message):
 def test_huge_repeat_is_refused_not_expanded():
     with pytest.raises(LayoutError, match="expands to more than"):
         parse_stages("Et*999999999|L")
+
+
+def _megatrons_unrolling(text: str) -> str:
+    """PipelineParallelLayerLayout.parse_str_to_list's unrolling, pattern for pattern."""
+    text = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), text)
+    return text
+
+
+GROUPS = ["(", "(", ")", ")*", "*", "*0", "*1", "*2", "*12", "t", "E", "|", ",", "x", "٣"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.lists(st.sampled_from(GROUPS), max_size=30).map("".join))
+@example(text="((*0t)*2")  # nested: Megatron's group holds '(' and '*0' removes it
+@example(text="((t)*2)*3")
+def test_groups_unroll_as_megatrons_regex_does(text):
+    """The linear-time unrolling is Megatron's regex substitution, nested and stray parentheses
+    and other scripts' digits included (where a group's copies spell a count past the cap,
+    Megatron would unroll it for hours: refused)."""
+    try:
+        unrolled = expand(text)
+    except LayoutError as exc:
+        assert "expands to more than" in str(exc)
+        return
+    assert unrolled == _megatrons_unrolling(text)
+
+
+LAYOUT_PARTS = st.one_of(
+    st.text(alphabet="EtmL|()*,0123456789x ٣\n", max_size=30),
+    st.integers(0, 10**30).map(lambda n: f"*{n}"),
+    st.sampled_from(["(", ")*", "t*999999", "(t|)*", "*" + "9" * 5000, "*" + "0" * 5000 + "1"]),
+    st.tuples(st.sampled_from(["(", "((t)*2", "(t)*1", "t|", ")*2"]), st.integers(1, 60_000)).map(
+        lambda part: part[0] * part[1]
+    ),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.lists(LAYOUT_PARTS, max_size=8).map("".join), pp=st.integers(1, 8))
+@example(text="(" * 100_000 + "t", pp=1)  # the regex took 108 s: it scans from every '('
+@example(text="(" * 50_000 + "t)*2" * 50_000, pp=1)
+@example(text="t" * (MAX_LAYOUT_TEXT + 1), pp=1)
+def test_any_string_is_a_layout_or_one_layout_error_in_time(text, pp):
+    """Long repeats, deep groups, runs of parentheses: a Layout or a LayoutError, in linear time,
+    never another exception."""
+    started = time.monotonic()
+    try:
+        layout = Layout.parse(text, pp)
+        validate(layout, 4, 1)
+        str(layout)
+    except LayoutError as exc:
+        assert "\n" not in str(exc)
+    assert time.monotonic() - started < 5.0
 
 
 def test_placement_problems_flag_what_megatron_ignores():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
+import re
 import socket
 
 import pytest
@@ -15,10 +17,13 @@ from ray_layout.options.checks import (
     between,
     comma_integers,
     costs_file,
+    decimal,
     each,
     existing_file,
     finite,
+    flag_type,
     folder_or_new,
+    integer,
     new_file,
     plain_name,
     positive,
@@ -120,12 +125,12 @@ def test_each_reports_the_first_item_that_fails():
     assert check((1, 0, -1)) == "must be >= 1, got 0"
 
 
-@given(st.lists(st.integers(), min_size=1, max_size=10))
+@given(st.lists(st.integers(-(10**98), 10**98), min_size=1, max_size=10))
 def test_comma_integers_reads_what_a_join_wrote(numbers):
     assert comma_integers("1,2")(",".join(map(str, numbers))) == tuple(numbers)
 
 
-@pytest.mark.parametrize("text", ["", "1,,2", "1,x", "1.5", "1;2"])
+@pytest.mark.parametrize("text", ["", "1,,2", "1,x", "1.5", "1;2", "1_0,2", " 1,2", "٣,1"])
 def test_comma_integers_says_what_it_expected(text):
     with pytest.raises(ValueError, match=rf"^must be integers such as 1,2,4, got {text!r}$"):
         comma_integers("1,2,4")(text)
@@ -155,8 +160,51 @@ def test_an_address_answers_or_is_refused_in_seconds():
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        assert reachable(f"127.0.0.1:{port}") is None
-        assert reachable(f"ray://127.0.0.1:{port}") is None
+        assert reachable(f"ray://127.0.0.1:{port}") is None  # a Ray client: its port answers
+        silent = reachable(f"127.0.0.1:{port}")  # answers, but not as a Ray head does
+        assert silent.startswith(f"127.0.0.1:{port}: ") and "Ray" in silent
     problem = reachable(f"127.0.0.1:{port}")  # closed now: nobody answers
     assert problem.startswith(f"127.0.0.1:{port}: no Ray cluster answers there (")
     assert problem.endswith("); start it or fix the address")
+
+
+@given(st.text(alphabet="0123456789-+_ .eE٣x\n", max_size=12) | st.integers().map(str))
+def test_integers_are_ascii_digits_only(text):
+    """Python's int() reads 1_0 as 10, ' 7' and '+7' as 7 and '٣' as 3: no flag means those."""
+    plain = len(text) <= 100 and re.fullmatch(r"-?[0-9]+", text) is not None
+    if plain:
+        assert integer(text) == int(text)
+    else:
+        with pytest.raises(ValueError, match=r"^must be an integer in digits \(0-9\), got "):
+            integer(text)
+
+
+@given(st.text(alphabet="0123456789-+_ .eEinfa٣\n", max_size=12) | st.floats().map(repr))
+def test_decimals_are_finite_and_plainly_written(text):
+    try:
+        value = decimal(text)
+    except ValueError as exc:
+        assert str(exc).startswith("must be a") and "\n" not in str(exc)
+        return
+    assert math.isfinite(value) and value == float(text)
+    assert "_" not in text and text == text.strip() and "n" not in text and text[:1] != "+"
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "message"),
+    [
+        (int, "1_0", "argument --pp: must be an integer in digits (0-9), got '1_0'"),
+        (int, "9" * 101, "argument --pp: must be an integer in digits (0-9), got '99999"),
+        (float, "nan", "argument --pp: must be a decimal number (such as 2, 0.5, 1e-3), got 'nan'"),
+        (float, "1e400", "argument --pp: must be a number a float holds (up to 1.8e308)"),
+        (float, "1_0.5", "argument --pp: must be a decimal number"),
+    ],
+)
+def test_a_number_flag_refuses_what_int_and_float_would_stretch_to(kind, text, message, capsys):
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--pp", type=flag_type(kind))
+    with pytest.raises(argparse.ArgumentError) as info:
+        parser.parse_args(["--pp", text])
+    assert str(info.value).startswith(message)
+    assert parser.parse_args(["--pp", "-12"]).pp == kind(-12)
+    assert flag_type(str) is str and flag_type(bool) is bool

@@ -1,6 +1,6 @@
 """One attempt of a run, up to where it needs the cluster: a shape the nodes cannot hold is
-refused before any placement group, and a cancelled attempt stops waiting at once.  Placed,
-launched and watched attempts run end to end in test_runs.py."""
+refused before any placement group, a cancelled attempt takes none and stops waiting at once.
+Placed, launched and watched attempts run end to end in test_runs.py."""
 
 from __future__ import annotations
 
@@ -40,6 +40,16 @@ def test_groups_the_nodes_cannot_hold_are_refused_before_placement() -> None:
         "TP=8 groups do not fit in nodes: node 0 has 4 GPUs of this run, not a multiple of 8"
     )
     assert result.returncodes == [None] * 8 and result.outputs == () and result.log_paths == []
+
+
+def test_a_cancelled_attempt_takes_nothing() -> None:
+    """A run that waited its turn when the driver was interrupted never asks for a group (one
+    asked for here would need Ray: the fixture fails the test)."""
+    cancel = threading.Event()
+    cancel.set()
+    result = run_attempt(spec(ParallelConfig(dp=4)), 1, megatron_rank_env, None, cancel)
+    assert (result.status, result.failure_class) == ("cancelled", "cancelled")
+    assert result.returncodes == [None] * 4 and result.outputs == ()
 
 
 def test_a_result_holds_each_ranks_return_code() -> None:

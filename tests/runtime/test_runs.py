@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from ray_layout.measure.store import CostStore
 from ray_layout.model.spec import ParallelConfig
 from ray_layout.runtime.policy import RunPolicy
@@ -306,3 +308,89 @@ def test_cancelling_run_many_stops_running_and_waiting_runs(ray_cluster, tmp_pat
     assert {(r.status, r.failure_class) for r in results} == {("cancelled", "cancelled")}
     for spec, result in zip(specs, results, strict=True):
         assert_cleaned_up(tmp_path, spec, result)
+
+
+def cancel_at(moment: str, cancel: threading.Event, monkeypatch) -> list[str]:
+    """Set ``cancel`` at ``moment`` of each attempt that reaches it; returns the actors that
+    such an attempt created after setting it (none: at most the one it had just created).  Only
+    the setting attempt is checked: in its own thread the order is certain."""
+    from ray_layout.runtime import attempt as attempt_module
+
+    setters: set[int] = set()
+    late: list[str] = []
+
+    def stop() -> None:
+        setters.add(threading.get_ident())
+        cancel.set()
+
+    def stop_after(name: str) -> None:
+        original = getattr(attempt_module, name)
+
+        def then_stop(*args, **kwargs):
+            result = original(*args, **kwargs)
+            stop()
+            return result
+
+        monkeypatch.setattr(attempt_module, name, then_stop)
+
+    if moment == "group created":  # Ray is still reserving it: the leak of issue 34
+        stop_after("placement_group")
+    elif moment == "group placed":
+        stop_after("_placed")
+    elif moment == "actor created":  # the others of its run not created yet
+        held = attempt_module.Held
+
+        class StopAtFirst(dict):
+            def __setitem__(self, name: str, actor) -> None:
+                super().__setitem__(name, actor)
+                stop()
+
+        monkeypatch.setattr(attempt_module, "Held", lambda group: held(group, StopAtFirst()))
+    create_actors = attempt_module._create_actors
+
+    def counted(attempt, held, bundles) -> None:
+        try:
+            create_actors(attempt, held, bundles)
+        finally:
+            if threading.get_ident() in setters:
+                late.extend(list(held.actors)[int(moment == "actor created") :])
+
+    monkeypatch.setattr(attempt_module, "_create_actors", counted)
+    return late
+
+
+MOMENTS = ("group created", "group placed", "actor created", "ranks running")
+
+
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_a_stop_at_any_moment_gives_back_every_gpu(ray_cluster, tmp_path, monkeypatch, moment):
+    """Three runs of a node each fill the cluster and a fourth waits its turn; a stop at each
+    moment of an attempt cancels them all, the fourth never takes a group, no actor is created
+    after the stop, and every GPU is free when ``run_many`` returns."""
+    import ray
+
+    cancel = threading.Event()
+    late = cancel_at(moment, cancel, monkeypatch)
+    tag = moment.replace(" ", "-")
+    specs = [
+        make_spec(tmp_path, "loop", f"{tag}-{i}", parallel=ParallelConfig(dp=GPUS_PER_NODE))
+        for i in range(NODES + 1)
+    ]
+
+    def running(run_id: str, lines: list[str]) -> str | None:
+        if lines:  # the last rank printed its first iteration line
+            cancel.set()
+        return None
+
+    watches = [running if moment == "ranks running" else None] * len(specs)
+    started = time.monotonic()
+    results = run_many(specs, cancel=cancel, max_parallel=NODES, watches=watches)
+    took = time.monotonic() - started
+    assert {(r.status, r.failure_class) for r in results} == {("cancelled", "cancelled")}
+    assert late == []
+    groups = {g["name"] for g in ray.util.placement_group_table().values()}
+    assert specs[-1].run_id not in groups  # the waiting run never started
+    wait_for(lambda: ray.available_resources().get("GPU") == NODES * GPUS_PER_NODE, 2.0)
+    for spec, result in zip(specs, results, strict=True):
+        assert_cleaned_up(tmp_path, spec, result)
+    assert took < 30.0, took

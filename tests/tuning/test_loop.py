@@ -215,9 +215,14 @@ def test_a_killed_driver_leaves_no_run_and_the_tune_resumes(ray_cluster, tmp_pat
 
 
 def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
+    """Issue 34: the arm that waited its turn was started by the stop itself, its group removed
+    while Ray still reserved it, and a node's 4 GPUs stayed held after the exit.  The driver
+    now leaves only once every group it had is removed and gone from its nodes, so the cluster
+    is clean as it exits (the 10 s are for Ray's view of the free GPUs to catch up)."""
     process = tune_process(tmp_path, "interrupted", ray_cluster.address)
     try:
-        read_until(process, "iteration 10/14", 240)  # A/B arms are running
+        read_until(process, "iteration 10/14", 240)  # 3 A/B arms are running, the 4th waits
+        interrupted_at = time.time()
         process.send_signal(signal.SIGINT)
         try:
             output, _ = process.communicate(timeout=60)
@@ -233,6 +238,9 @@ def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
     runs = attempts(CostStore(tmp_path / "store"), "interrupted")
     assert set(runs[runs.source == "profile"].status) == {"finished"}
     assert "cancelled" in set(runs[runs.source != "profile"].status)
+    # none started once the interrupt was handled (before the fix, the waiting arm did, as the
+    # others stopped); the second is for the driver's reaction to its signal
+    assert (runs.started_at < interrupted_at + 1.0).all()
 
 
 def test_an_interleaved_tune_runs_its_candidates_with_their_vpp(ray_cluster, tmp_path):

@@ -20,6 +20,7 @@ from typing import Any
 from ray_layout.errors import ConfigError, quoted
 from ray_layout.model.dialects.dialect import Dialect, DialectReading, ReadContext, refuse
 from ray_layout.model.dialects.flag import DialectFlag, passed, refused, sized
+from ray_layout.options.checks import integer
 
 NAME = "MindSpeed-LLM"
 
@@ -220,7 +221,7 @@ def _integer(text: Any) -> int | None:
     if isinstance(text, int):
         return text
     try:
-        return int(str(text).strip())
+        return integer(str(text).strip())
     except ValueError:
         return None
 
@@ -228,7 +229,7 @@ def _integer(text: Any) -> int | None:
 def _layer_list(text: str, source: str, flag: str = "--noop-layers") -> list[int]:
     """``--noop-layers 1,5``: numbers, comma-separated, as arguments.py splits them."""
     try:
-        return [int(part) for part in str(text).split(",")]
+        return [integer(part.strip()) for part in str(text).split(",")]
     except ValueError:
         raise ConfigError(
             f"{source}: {flag} must be comma-separated numbers, got {quoted(text)}"

@@ -23,6 +23,7 @@ from typing import Any
 from ray_layout.errors import ConfigError
 from ray_layout.model.dialects.dialect import Dialect, DialectReading, ReadContext, refuse
 from ray_layout.model.dialects.flag import DialectFlag, passed, refused, sized
+from ray_layout.options.checks import integer
 
 NAME = "Pai-Megatron-Patch"
 
@@ -132,11 +133,14 @@ def _deepseek_v2_layers(context: ReadContext, notes: list[str]) -> dict[str, Any
     entry = path.rsplit("/", 1)[-1]
     v2 = entry == "pretrain_deepseek.py" and "deepseek_v3" not in path
     unknown = not path and parsed.get("multi_latent_attention")
-    if text is None or not str(text).strip().isdigit() or not isinstance(layers, int):
+    try:
+        dense = integer(str(text).strip())  # None, a list expression: not this entry's form
+    except ValueError:
+        return {}
+    if dense < 0 or not isinstance(layers, int):
         return {}
     if not (v2 or unknown) or not parsed.get("num_experts"):
         return {}
-    dense = int(str(text))
     where = "" if path else " (taken for it: a Pai MLA model with an integer frequency)"
     notes.append(
         f"{source}: --moe-layer-freq {dense}: Pai's deepseek_v2 pretrain_deepseek.py{where} builds "
