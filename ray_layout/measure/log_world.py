@@ -26,6 +26,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ray_layout.errors import MeasurementError
+from ray_layout.measure.log_numbers import read_count
+
 # A count as a log prints it: ASCII digits, few enough to be a number (int() refuses 4,300)
 INTEGER = r"[0-9]{1,18}(?![0-9])"
 _WORLD = re.compile(rf"\busing world size:\s*(?P<world>{INTEGER})\s*,(?P<rest>.*)$", re.MULTILINE)
@@ -39,8 +42,14 @@ SIZE_NAMES = {
     "expert-tensor-parallel": "etp",
 }
 # Not after "-" (``encoder-tensor-model-parallel``), but after any letter: forks glue the names
-# onto the value before them (``sizes: Nonetensor-model-parallel size: 2``).
-_SIZE = re.compile(rf"(?<!-)(?P<name>{'|'.join(SIZE_NAMES)})[ -]size:\s*(?P<value>{INTEGER})")
+# onto the value before them (``sizes: Nonetensor-model-parallel size: 2``).  A value ends where
+# a separator or such a glued name begins; the whole of it is a count (or None), or the log is
+# refused: ``size: 8x`` is not read as 8.
+_NAMES = "|".join(SIZE_NAMES)
+_GLUED = rf"(?:{_NAMES}|hierarchical|encoder)[ -]"
+_SIZE = re.compile(
+    rf"(?<!-)(?P<name>{_NAMES})[ -]size:\s*(?P<value>[^\s,;]*?)(?=[\s,;]|$|{_GLUED})"
+)
 
 
 @dataclass(frozen=True)
@@ -61,8 +70,9 @@ class LogWorld:
         return f"a world of {self.world_size} ({named})"
 
 
-def parse_world(text: str) -> LogWorld | None:
-    """The last world the log states (a restart appended to the log states its own), or None."""
+def parse_world(text: str, source: str = "log") -> LogWorld | None:
+    """The last world the log states (a restart appended to the log states its own), or None;
+    :class:`MeasurementError` for a stated size that is no count."""
     lines, line, counted = [], 1, 0
     for match in _WORLD.finditer(text):  # newlines counted from the last match: linear
         line += text.count("\n", counted, match.start())
@@ -70,5 +80,15 @@ def parse_world(text: str) -> LogWorld | None:
         counted = match.start()
     if not lines:
         return None
-    sizes = {SIZE_NAMES[size["name"]]: int(size["value"]) for size in _SIZE.finditer(match["rest"])}
+    sizes = {}
+    for size in _SIZE.finditer(match["rest"]):
+        if size["value"] == "None":  # Megatron prints None for a size it leaves unset
+            continue
+        count = read_count(size["value"])
+        if count is None or count < 0:
+            raise MeasurementError(
+                f"{source}: line {lines[-1]}: {size['name']} size {size['value']!r} is not a "
+                "count; nothing of this log is used"
+            )
+        sizes[SIZE_NAMES[size["name"]]] = count
     return LogWorld(int(match["world"]), sizes, lines[-1], tuple(lines[:-1]))

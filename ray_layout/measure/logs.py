@@ -159,7 +159,7 @@ def parse_log(text: str, source: str = "log") -> ParsedLog:
         log_interval_hint=_log_interval_hint([record.iteration for record in reader.iterations]),
         unknown_segments=sum(record.unknown_segments for record in reader.iterations),
         split_lines=reader.split_lines,
-        world=parse_world(printed),
+        world=parse_world(printed, source),
         arguments=parse_arguments(printed),
     )
 

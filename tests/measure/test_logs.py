@@ -775,7 +775,6 @@ def test_a_line_over_the_cap_is_skipped_with_a_note() -> None:
         "[Rank 0] (after {n} iterations) memory (MB) | allocated: 1 | max allocated: 1 | reserved:"
         " 1 | max reserved: 1",
         " iteration {n}/ 10 | elapsed time per iteration (ms): 1.0 |",
-        "using world size: 8, data-parallel size: {n}, pipeline-model-parallel size: {n}",
     ],
 )
 def test_a_count_of_thousands_of_digits_is_a_skipped_line_not_a_traceback(line) -> None:
@@ -783,7 +782,25 @@ def test_a_count_of_thousands_of_digits_is_a_skipped_line_not_a_traceback(line) 
     text = as_text([*all_block(ALL_TIMES), line.format(n="9" * 5000)])
     parsed = parse_log(text)
     assert parsed.timers == parse_log(as_text(all_block(ALL_TIMES))).timers
-    assert parsed.world is None or parsed.world.sizes == {}
+
+
+@pytest.mark.parametrize("size", ["9" * 5000, "8x", "4/2", "1.5", "-2"])
+def test_a_world_size_that_is_no_count_refuses_the_log_in_one_line(size) -> None:
+    """The world line is what a run's declaration is checked against: a size of it that is no
+    count (``8x`` is not 8) leaves nothing to check, so the log is refused, naming the line."""
+    world = f"using world size: 8, data-parallel size: {size}, pipeline-model-parallel size: 4"
+    with pytest.raises(MeasurementError, match=r"^log: line \d+: data-parallel size .* count"):
+        parse_log(as_text([*all_block(ALL_TIMES), world]))
+
+
+def test_megatrons_none_and_a_glued_name_end_a_world_size() -> None:
+    world = (
+        "using world size: 8, data-parallel size: 2, hierarchical context-parallel sizes: "
+        "Nonetensor-model-parallel size: 1, context-parallel size: None, "
+        "pipeline-model-parallel size: 4expert-model-parallel size: 2"
+    )
+    parsed = parse_log(as_text([*all_block(ALL_TIMES), world]))
+    assert dict(parsed.world.sizes) == {"dp": 2, "tp": 1, "pp": 4, "ep": 2}
 
 
 # Every number of a log goes through one strict reader (ray_layout.measure.log_numbers).
