@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from ray_layout.errors import one_line as escaped_line
+
 
 class FailureClass(StrEnum):
     """Why a run failed (the module docstring says when each is given); the values are the
@@ -137,8 +139,9 @@ def classify_exit(statuses: Sequence[RankStatus]) -> tuple[FailureClass, str]:
 
 
 def one_line(text: str) -> str:
-    """``text`` on one line, at most :data:`MAX_LINE` characters."""
-    return " ".join(text.split())[:MAX_LINE]
+    """A rank's ``text`` on one line, at most :data:`MAX_LINE` characters, its whitespace
+    collapsed and any control character it printed escaped (:func:`errors.one_line`)."""
+    return escaped_line(" ".join(text.split()))[:MAX_LINE]
 
 
 def _last(status: RankStatus) -> str:

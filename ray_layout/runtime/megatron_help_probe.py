@@ -19,6 +19,7 @@ from typing import Any
 from launchers.megatron import ARGUMENTS_SOURCE
 from ray_layout.errors import RunFailure, exception_line
 from ray_layout.measure.store import CostStore
+from ray_layout.measure.store_files import damaged, fsync_dir, reason_of, write_json
 from ray_layout.model.megatron_args import FlagTable, check_arguments, megatron_flag_table
 from ray_layout.model.megatron_help_table import merge_with_bundled, parse_help
 from ray_layout.runtime.layout_runs import Backend
@@ -58,11 +59,23 @@ def cluster_flag_table(backend: Backend, store: CostStore, study: str) -> Cluste
     except RunFailure as exc:
         note = f"cannot read the flags of {where} ({exc}); checking against {BUNDLED}"
         return ClusterFlags(megatron_flag_table(), BUNDLED, note)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_suffix(f".{os.getpid()}.tmp")
-    temp.write_text(json.dumps({"command": where, "entries": entries}, indent=1))
-    temp.replace(path)
+    write_cache(path, {"command": where, "entries": entries})
     return ClusterFlags(merge_with_bundled(entries, megatron_flag_table()), source)
+
+
+def write_cache(path: Path, content: dict[str, Any]) -> None:
+    """Keep the table in the store as its other parts are kept: a synced temporary file renamed
+    over the old one, the folder synced; what stands in the way is one line naming it."""
+    temp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(temp, content)
+        temp.replace(path)
+        fsync_dir(path.parent)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        fix = "remove it: the next tune reads the cluster's flags again"
+        raise damaged(path, exc.strerror or reason_of(exc), fix) from None
 
 
 def help_text(backend: Backend) -> str:

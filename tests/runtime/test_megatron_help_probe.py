@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from ray_layout.errors import ConfigError
+from ray_layout.errors import ConfigError, MeasurementError
 from ray_layout.measure.store import CostStore
 from ray_layout.model.megatron_args import _FLAG_TABLE, megatron_flag_table
 from ray_layout.model.megatron_help_table import merge_with_bundled, parse_help
 from ray_layout.runtime.layout_runs import MEGATRON, Backend
-from ray_layout.runtime.megatron_help_probe import BUNDLED, cluster_flag_table
+from ray_layout.runtime.megatron_help_probe import BUNDLED, cluster_flag_table, write_cache
 from ray_layout.tuning.phases import check_cluster_flags
 from ray_layout.tuning.settings import TuneSettings
 
@@ -156,3 +156,17 @@ def test_without_a_help_the_bundled_table_stands_in_with_a_note(ray_cluster, tmp
     assert flags.flags is megatron_flag_table() and flags.source == BUNDLED
     assert flags.note and "\n" not in flags.note and BUNDLED in flags.note
     assert not store.megatron_flags_path("s2").exists()  # a failed probe is retried next time
+
+
+def test_the_cached_table_is_written_whole_or_refused_in_one_line(tmp_path):
+    path = tmp_path / "store" / "_megatron_flags" / "s.json"
+    write_cache(path, {"command": "python pretrain_gpt.py", "entries": {}})
+    assert json.loads(path.read_text())["command"] == "python pretrain_gpt.py"
+    assert [p.name for p in path.parent.iterdir()] == ["s.json"]  # no temporary file left
+    path.unlink()
+    path.mkdir()  # a folder where the cache goes
+    with pytest.raises(MeasurementError) as refused:
+        write_cache(path, {"command": "x", "entries": {}})
+    message = str(refused.value)
+    assert "\n" not in message and str(path) in message and "remove it" in message
+    assert [p.name for p in path.parent.iterdir()] == ["s.json"]
