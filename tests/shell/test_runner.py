@@ -4,7 +4,6 @@ others."""
 
 from __future__ import annotations
 
-import ast
 import inspect
 
 import pytest
@@ -20,6 +19,7 @@ from ray_layout.shell import (
 )
 from ray_layout.shell.interpreter import Interpreter
 from ray_layout.shell.runner import Runner
+from tests.helpers.protocol_use import attributes_used
 
 HANDLERS = (assignments, branching, builtins, loops, nested, printing, simple)
 METHODS = {
@@ -36,29 +36,10 @@ def test_the_interpreter_has_every_member_with_its_signature():
         assert inspect.signature(getattr(Interpreter, name)) == expected, name
 
 
-def _used(module) -> set[str]:
-    """The attributes a module reads or sets of each parameter annotated ``Runner``."""
-    tree = ast.parse(inspect.getsource(module))
-    names = {
-        arg.arg
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef)
-        for arg in node.args.args
-        if isinstance(arg.annotation, ast.Name) and arg.annotation.id == "Runner"
-    }
-    return {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id in names
-    }
-
-
 @pytest.mark.parametrize("module", HANDLERS, ids=lambda m: m.__name__)
 def test_each_handler_uses_only_what_the_protocol_names(module):
-    assert _used(module) <= METHODS | ATTRIBUTES
+    assert attributes_used(module, "Runner") <= METHODS | ATTRIBUTES
 
 
 def test_the_protocol_names_nothing_the_handlers_do_not_use():
-    assert set().union(*map(_used, HANDLERS)) == METHODS | ATTRIBUTES
+    assert set().union(*(attributes_used(m, "Runner") for m in HANDLERS)) == METHODS | ATTRIBUTES

@@ -3,12 +3,12 @@ member with the same signature, and the readers use those members and no others.
 
 from __future__ import annotations
 
-import ast
 import inspect
 
 from ray_layout.shell import heredocs, parameters
 from ray_layout.shell.lexer import Lexer
 from ray_layout.shell.scanner import Scanner
+from tests.helpers.protocol_use import attributes_used
 
 METHODS = {
     name for name, member in vars(Scanner).items() if inspect.isfunction(member) and name[0] != "_"
@@ -23,24 +23,6 @@ def test_the_lexer_has_every_member_with_its_signature():
         assert inspect.signature(getattr(Lexer, name)) == inspect.signature(getattr(Scanner, name))
 
 
-def _used(module) -> set[str]:
-    """The attributes a module reads of each parameter annotated ``Scanner``."""
-    tree = ast.parse(inspect.getsource(module))
-    names = {
-        arg.arg
-        for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef)
-        for arg in node.args.args
-        if isinstance(arg.annotation, ast.Name) and arg.annotation.id == "Scanner"
-    }
-    return {
-        node.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id in names
-    }
-
-
 def test_the_readers_use_exactly_what_the_protocol_names():
-    assert _used(heredocs) | _used(parameters) == METHODS | ATTRIBUTES
+    used = attributes_used(heredocs, "Scanner") | attributes_used(parameters, "Scanner")
+    assert used == METHODS | ATTRIBUTES
