@@ -7,7 +7,7 @@ string doubling, a function that calls itself, an endless loop.
     python benchmarks/bench_reader.py --repeat 5 # the best of five per script
 
 Targets: a real script in well under a second; any hostile script read or refused within 30 s
-(the issue's bound), as one line.
+(the bound a user waits), as one line.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ CASES = [
     ([*FIT, "-o", "c.json", "--micro-batches", "-3"], "--micro-batches must be >= 1"),
     ([*FIT, "-o", "c.json", "--micro-batches", str(10**9)], "--micro-batches must be <= 16,384"),
     ([*INGEST, "--store", "store", "--micro-batches", str(10**9)], "--micro-batches must be <="),
-    # input files (issue 20): special and huge files, aliases, keys, encodings, absurd costs
+    # input files: special and huge files, aliases, keys, encodings, absurd costs
     (["size", "{fifo}"], "fifo.yaml: a FIFO, not a regular file"),
     (["size", "/dev/zero"], "/dev/zero: a character device, not a regular file"),
     (["size", "{sparse}"], "sparse.yaml: 9,000,000,000 bytes, more than the 1,000,000"),

@@ -9,7 +9,7 @@ after its runs (a Ctrl-C, ``ray job stop``) leaves nothing held.
 A group is removed only once it is settled.  Ray reserves a group in two phases (its bundles
 prepared on their nodes, then committed), and a group removed between the two reads REMOVED
 while its node keeps the prepared GPUs for good: a Ctrl-C that started an A/B arm and removed
-its group a millisecond later left one node's 4 GPUs held (issue 34; in a loop, 2 of 180
+its group a millisecond later left one node's 4 GPUs held (with Ray 2.60; in a loop, 2 of 180
 removals made 1 to 10 ms after creating a group).  So a group is removed when it is placed,
 when it can never be placed, or when it still waits for room after the runs stopped beside it
 had the time to free their GPUs (:func:`removable`); never while its reservation is in flight.

@@ -263,7 +263,7 @@ def test_nothing_left():
     assert not _LEFT, "\n".join(_LEFT)
 
 
-# --- the hostile classes of issue 20: each is refused in one line (or, where marked, may be
+# --- hostile input files: each is refused in one line (or, where marked, may be
 # read right); a hidden set of new cases of the same classes is run the same way.
 
 _TIMER_VALUE = re.compile(r"(rank +\d+: )(\d+\.\d+)")
@@ -394,7 +394,7 @@ SPECIAL_FILE_CASES = {  # one command that reads each kind of file
 }
 
 
-# --- issue 34: every number of a log is read whole by one reader (thousands separators read as
+# --- every number of a log is read whole by one reader (thousands separators read as
 # the value they print, any tail no number), values no run has are refused at their line, and
 # container runtimes' records are read as the lines they hold.
 
@@ -464,7 +464,7 @@ def test_every_number_of_a_log_is_read_whole_or_its_line_refused(inputs, tmp_pat
         assert outcome.exit_code == 2 and re.search(r": line \d+: ", outcome.stderr)
 
 
-# --- issue 34: output that cannot be written ends in one line and a non-zero exit, never a
+# --- output that cannot be written ends in one line and a non-zero exit, never a
 # traceback or exit 0 in silence, and what the command stored is complete.
 @settings(settings.get_profile(PROFILE))
 @given(
@@ -487,7 +487,7 @@ def test_output_that_cannot_be_written_is_one_line_and_what_is_stored_is_whole(
         assert len(CostStore(folder / "store").read("runs")) == 1
 
 
-# --- issue 34: a store part damaged (a claim, a Parquet part or one value of a row, what a crash,
+# --- a store part damaged (a claim, a Parquet part or one value of a row, what a crash,
 # a disk or an older version leaves): `fit --store`, `ingest` and `store rm` each read it right
 # or say one line naming it; rows stored twice are read once.
 
@@ -565,7 +565,7 @@ def test_every_damaged_store_part_is_one_line_or_read_right(inputs, stored, tmp_
     _judge([*argv, f"({damage})"], run_isolated(argv))
 
 
-# --- issue 34, section 3: numbers past a float, integers that are not digits, absurd costs, rope
+# --- numbers past a float, integers that are not digits, absurd costs, rope
 # scalings Megatron cannot train, layouts at the limits and names with terminal escapes: each is
 # one line (or a warning, or a note), by the one reader every path goes through.
 

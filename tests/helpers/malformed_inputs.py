@@ -1,5 +1,5 @@
 """What the bad-input tests hand to the commands: the project's good files by absolute path
-(the commands run in an empty folder), and the malformed files the issue's reproducers name."""
+(the commands run in an empty folder), and the malformed files users have met."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def write_inputs(folder: Path) -> dict[str, str]:
             }
         ),
         "broken_hardware.yaml": "name: [unclosed\n",
-        # issue 20: files that hung, ballooned, raised a traceback or were silently misread
+        # files that hung, ballooned, raised a traceback or were silently misread
         "laughs.yaml": handbook.replace("name: handbook_7b_a1b\n", _billion_laughs()),
         "twice.yaml": handbook + "num_layers: 24\n",
         "int_key.yaml": handbook + "1: 2\n",

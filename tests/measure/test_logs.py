@@ -827,7 +827,7 @@ def test_a_number_with_thousands_separators_reads_as_the_value_it_prints(
 
 
 def test_a_timer_printed_with_a_thousands_separator_is_not_its_first_digit() -> None:
-    """The issue's example: ``rank  1: 1,392.00`` was stored as 1.0 ms."""
+    """``rank  1: 1,392.00`` was once stored as 1.0 ms: the pattern took any tail."""
     parsed = parse_log(
         as_text([*all_block({"forward-compute": {0: 1.0}}), "     rank  1: 1,392.00"])
     )

@@ -358,7 +358,7 @@ def script_args(*words: str) -> tuple[str, ...]:
     return tuple(f"--script-arg={word}" for word in words)
 
 
-# Scripts the reader had never seen (issue 35's samples), read through `size` as a user would,
+# Scripts the reader had never seen (the shared samples), read through `size` as a user would,
 # with only the hints SOURCES.md and their READMEs name: (flags, published total in billions).
 FIRST_CONTACT = {
     "mindspeed_pretrain_deepseek2_236b_8k_ptd.sh": ((), 236),

@@ -120,6 +120,7 @@ def test_an_error_line_is_one_line_of_at_most_max_line_characters() -> None:
         "Traceback: File 'x' ValueError: bad"
     )
     assert one_line("x " * MAX_LINE) == ("x " * MAX_LINE)[:MAX_LINE]
-    assert one_line("rank 3: \x1b[31mOOM\x1b[0m") == "rank 3: \\x1b[31mOOM\\x1b[0m"  # never acted on
+    escaped = "rank 3: \\x1b[31mOOM\\x1b[0m"  # shown, never acted on
+    assert one_line("rank 3: \x1b[31mOOM\x1b[0m") == escaped
     (_, error) = classify_exit([status(1, "e" * 2 * MAX_LINE)])
     assert len(error) == MAX_LINE and error.startswith("rank 0 exited 1: eee")

@@ -333,7 +333,7 @@ def cancel_at(moment: str, cancel: threading.Event, monkeypatch) -> list[str]:
 
         monkeypatch.setattr(attempt_module, name, then_stop)
 
-    if moment == "group created":  # Ray is still reserving it: the leak of issue 34
+    if moment == "group created":  # Ray is still reserving it: where a removal leaks
         stop_after("placement_group")
     elif moment == "group placed":
         stop_after("_placed")

@@ -1,5 +1,5 @@
 """The shell reader against real bash (tests/helpers/bash_oracle.py), construct by construct:
-each small script below exercises one construct of issue 35's section 3 on known values and ends
+each small script below exercises one construct the reader evaluates on known values and ends
 in a launch line; bash runs it with every external command stubbed, and the reader's commands must
 be exactly the ones bash ran (same count, same argv), every one of them known.  Then a property
 test builds scripts from the same constructs and judges them the same way."""

@@ -1,4 +1,4 @@
-"""Hostile launch scripts (issue 35): each ends read or refused in one line, within 30 s and
+"""Hostile launch scripts: each ends read or refused in one line, within 30 s and
 2 GiB, without a traceback, through the command a user runs (``python -m ray_layout size``, in a
 child with a memory limit and an alarm: tests/helpers/isolated_command.py); and none is read
 differently from bash without an error: where bash can run it (every script that ends and forks

@@ -215,7 +215,7 @@ def test_a_killed_driver_leaves_no_run_and_the_tune_resumes(ray_cluster, tmp_pat
 
 
 def test_ctrl_c_stops_every_run_and_exits_130(ray_cluster, tmp_path):
-    """Issue 34: the arm that waited its turn was started by the stop itself, its group removed
+    """The arm that waited its turn was started by the stop itself, its group removed
     while Ray still reserved it, and a node's 4 GPUs stayed held after the exit.  The driver
     now leaves only once every group it had is removed and gone from its nodes, so the cluster
     is clean as it exits (the 10 s are for Ray's view of the free GPUs to catch up)."""
