@@ -15,9 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ray_layout.model.megatron_args import parse_flags, walk_flags
-from ray_layout.model.memory_settings import MemorySettings, memory_settings
-
-SOURCE = "megatron_args"
+from ray_layout.model.memory_settings import SOURCE, MemorySettings, memory_settings
 
 
 @dataclass(frozen=True)
