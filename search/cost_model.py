@@ -16,11 +16,14 @@ from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.job_flags import NO_EP_OVERLAP, EpOverlap
-from ray_layout.model.layout import EMBEDDING, LOSS, MTP
-from ray_layout.model.memory_settings import MemorySettings
+from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP
+from ray_layout.model.memory_settings import PLAIN, MemorySettings
+from ray_layout.model.recompute_cost import recompute_shares
 from ray_layout.model.sizing import (
     DECODER_UNITS,
+    DENSE_DECODER,
     GIB,
+    MOE_DECODER,
     attention_share,
     gpu_gigaparams,
     layer_units,
@@ -29,7 +32,6 @@ from ray_layout.model.sizing import (
 from ray_layout.model.spec import ParallelConfig
 from search.combined import MergeSavings, merge_savings
 from search.memory import (
-    PLAIN,
     activation_bytes,
     block_saving,
     logits_bytes,
@@ -62,10 +64,12 @@ class CostModel:
     mtp_standalone_factor: float
     in_flight: np.ndarray  # (PP, VPP) micro-batches in flight per rank and chunk at the peak
     tail_fixed_ms: float = 0.0  # per step on every rank, not proportional to parameters
-    # --recompute-method block: a chunk's first ``block_layers`` decoder layers (dense first)
-    # keep only their input, freeing ``block_saving_bytes`` each; none when 0
+    # --recompute-method block: a chunk's first ``block_layers`` decoder layers keep only their
+    # input, freeing ``block_saving_bytes`` each, and re-run ``block_recompute_ms`` each in their
+    # backward; none when 0 (every other recompute setting is in ``backward_ms`` already)
     block_layers: int = 0
     block_saving_bytes: np.ndarray | None = None  # (U,)
+    block_recompute_ms: np.ndarray | None = None  # (U,)
     recompute_bytes: float = 0.0  # what one backward recomputes at a time, on every rank
     # combined 1F1B (EP all-to-all overlap): what each merged layer pair hides; None: no merge
     merge: MergeSavings | None = None
@@ -73,6 +77,14 @@ class CostModel:
     @property
     def has_jitter(self) -> bool:
         return bool(np.any(self.jitter_cv > 0))
+
+    @property
+    def layer_units(self) -> np.ndarray:
+        """(decoder layers,) the unit index of each decoder layer, in model order."""
+        if DECODER in self.units:
+            return np.full(len(self.moe_pattern), self.units.index(DECODER))
+        kinds = (self.units.index(DENSE_DECODER), self.units.index(MOE_DECODER))
+        return np.array([kinds[moe] for moe in self.moe_pattern], dtype=int)
 
 
 def in_flight_at_peak(shape: ScheduleShape) -> np.ndarray:
@@ -123,8 +135,9 @@ def build_cost_model(
     ep_overlap: EpOverlap = NO_EP_OVERLAP,
 ) -> CostModel:
     """Arrays over the model's units for a run of ``parallel`` sizes and ``num_microbatches``,
-    with the memory the job's ``settings`` (recompute, optimizer precision, offload) imply and
-    the merged steps of its EP all-to-all overlap (``ep_overlap``)."""
+    with the memory and the recomputation the job's ``settings`` (recompute, optimizer
+    precision, offload) imply and the merged steps of its EP all-to-all overlap
+    (``ep_overlap``).  ``costs.backward_ms`` is a backward without recomputation."""
     sizes = unit_sizes(model, parallel.micro_batch_size, parallel.tp)
     units = tuple(sizes)
     missing = [u for u in units if u not in costs.forward_ms]
@@ -146,7 +159,10 @@ def build_cost_model(
         )
     )
     forward = np.array([costs.forward_ms[u] for u in units])
-    backward = np.array([costs.backward_ms[u] for u in units])
+    shares = recompute_shares(model, settings)
+    every, block = ([table.get(u, 0.0) for u in units] for table in (shares.every, shares.block))
+    backward = np.array([costs.backward_ms[u] for u in units]) + forward * every
+    block_recompute = forward * block if shares.block_layers and any(block) else None
     embedding = static_bytes(sizes[EMBEDDING].params, parallel, settings)
     saving = np.array([block_saving(model, parallel, u, settings) for u in units]) * calibration
     return CostModel(
@@ -172,8 +188,9 @@ def build_cost_model(
         mtp_standalone_factor=costs.mtp_standalone_factor,
         in_flight=in_flight,
         tail_fixed_ms=costs.tail_fixed_ms,
-        block_layers=settings.recompute_num_layers if saving.any() else 0,
+        block_layers=shares.block_layers if saving.any() or block_recompute is not None else 0,
         block_saving_bytes=saving if saving.any() else None,
+        block_recompute_ms=block_recompute,
         recompute_bytes=recompute_bytes(model, parallel, settings),
         merge=_merge(model, units, forward, backward, costs.a2a_ms, ep_overlap),
     )

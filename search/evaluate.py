@@ -43,8 +43,22 @@ class Scores:
 
 
 def stage_times(cost_model: CostModel, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(n, S) forward and backward ms of each flat stage."""
-    return counts @ cost_model.forward_ms, counts @ cost_model.backward_ms
+    """(n, S) forward and backward ms of each flat stage, block recomputation included."""
+    backward = counts @ cost_model.backward_ms
+    if cost_model.block_recompute_ms is not None:
+        backward = backward + first_layers(cost_model, counts, cost_model.block_recompute_ms)
+    return counts @ cost_model.forward_ms, backward
+
+
+def first_layers(cost_model: CostModel, counts: np.ndarray, per_unit: np.ndarray) -> np.ndarray:
+    """(n, S) ``per_unit`` summed over each flat stage's first ``block_layers`` decoder layers
+    (each chunk's own, as ``--recompute-method block`` counts them): flat stages hold
+    consecutive layers in model order, so a stage's first layer is the count before it."""
+    decoder = [i for i, unit in enumerate(cost_model.units) if unit in DECODER_UNITS]
+    layers = counts[..., decoder].sum(axis=-1).astype(int)
+    start = np.cumsum(layers, axis=1) - layers
+    prefix = np.concatenate([[0.0], np.cumsum(per_unit[cost_model.layer_units])])
+    return prefix[start + np.minimum(layers, cost_model.block_layers)] - prefix[start]
 
 
 def _per_rank(values: np.ndarray, pp: int) -> np.ndarray:
@@ -61,27 +75,13 @@ def _standalone_rank(counts: np.ndarray, cost_model: CostModel, pp: int) -> np.n
     return mtp & (per_rank[..., cost_model.units.index("L")] == 0)
 
 
-def _block_saving(cost_model: CostModel, counts: np.ndarray) -> np.ndarray:
-    """(n, S) bytes freed by --recompute-method block: each flat stage's first
-    ``block_layers`` decoder layers, dense ones first (they come first in a chunk)."""
-    saving = np.zeros(counts.shape[:2])
-    if cost_model.block_saving_bytes is None:
-        return saving
-    budget = np.full(counts.shape[:2], cost_model.block_layers)
-    for unit in DECODER_UNITS:
-        if unit in cost_model.units:
-            index = cost_model.units.index(unit)
-            taken = np.minimum(counts[..., index], budget)
-            saving += taken * cost_model.block_saving_bytes[index]
-            budget = budget - taken
-    return saving
-
-
 def memory(cost_model: CostModel, counts: np.ndarray, pp: int) -> np.ndarray:
     """(n, PP) peak bytes per rank: static state, activations in flight, logits, overhead."""
     n, stages, _ = counts.shape
     static = _per_rank(counts @ cost_model.static_bytes, pp)
-    held = counts @ cost_model.activation_bytes - _block_saving(cost_model, counts)
+    held = counts @ cost_model.activation_bytes
+    if cost_model.block_saving_bytes is not None:
+        held = held - first_layers(cost_model, counts, cost_model.block_saving_bytes)
     activations = held.reshape(n, stages // pp, pp)
     in_flight = cost_model.in_flight.T[None]  # (1, VPP, PP)
     overhead = cost_model.overhead_bytes + cost_model.recompute_bytes

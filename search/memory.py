@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from ray_layout.model.costs import UnitCosts, stage_units
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import DECODER, EMBEDDING, LOSS, MTP, Layout
-from ray_layout.model.memory_settings import MemorySettings
+from ray_layout.model.memory_settings import PLAIN, MemorySettings
 from ray_layout.model.sizing import (
     DECODER_UNITS,
     DENSE_DECODER,
@@ -62,8 +62,6 @@ from ray_layout.model.sizing import (
     unit_sizes,
 )
 from ray_layout.model.spec import ParallelConfig
-
-PLAIN = MemorySettings()  # no recompute, no offload, fp32 optimizer state on the GPU
 
 LOGIT_BYTES = 4  # the unfused and native losses work on fp32 logits
 

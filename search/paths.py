@@ -126,10 +126,10 @@ def allowed_ends(
 
 def stage_costs(cut: PathCut, stage: int, sums: ItemSums) -> np.ndarray:
     """[a, b]: the path's length through stage ``stage`` holding items a..b-1."""
-    f, bw, tl = sums.forward, sums.backward, sums.tail
+    f, tl = sums.forward, sums.tail
     return (
         cut.forward[stage] * (f[None, :] - f[:, None])
-        + cut.backward[stage] * (bw[None, :] - bw[:, None])
+        + cut.backward[stage] * sums.stage_backward()
         + cut.tail[stage] * (tl[None, :] - tl[:, None])
     )
 

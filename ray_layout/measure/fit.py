@@ -21,11 +21,10 @@ from ray_layout.measure.step_fit import step_overheads, step_tail
 from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance, within_bounds
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
-from ray_layout.model.memory_settings import MemorySettings
+from ray_layout.model.memory_settings import PLAIN, MemorySettings
 from ray_layout.model.sizing import LOSS, MTP
 from ray_layout.model.spec import ParallelConfig
 from search.cost_model import inter_node_links
-from search.memory import PLAIN
 from search.pipeline_ops import P2PCall, ScheduleShape, Transfer
 from search.schedule import rank_ops
 

@@ -15,12 +15,11 @@ from ray_layout.measure.observations import RunObservation
 from ray_layout.measure.solvers import bounded_nnls
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.fields import ModelSpec
-from ray_layout.model.memory_settings import MemorySettings
+from ray_layout.model.memory_settings import PLAIN, MemorySettings
 from ray_layout.model.sizing import GIB, LOSS
 from ray_layout.model.spec import ParallelConfig
 from search.cost_model import CostModel, build_cost_model
 from search.evaluate import memory
-from search.memory import PLAIN
 from search.space import LayoutSpace
 
 FACTOR_RANGE = (0.05, 20.0)  # a factor outside says more about the run than about activations

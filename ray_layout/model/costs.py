@@ -29,6 +29,8 @@ from ray_layout.model.cost_checks import (
 )
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.files import read_mapping
+from ray_layout.model.memory_settings import PLAIN, MemorySettings
+from ray_layout.model.recompute_cost import recompute_shares, stage_recompute_ms
 from ray_layout.model.sizing import (
     DECODER,
     DENSE_DECODER,
@@ -322,9 +324,14 @@ def stage_units(model: ModelSpec, stages: Sequence[str]) -> list[list[str]]:
 
 
 def stage_compute_ms(
-    costs: UnitCosts, model: ModelSpec, stages: Sequence[str]
+    costs: UnitCosts,
+    model: ModelSpec,
+    stages: Sequence[str],
+    settings: MemorySettings = PLAIN,
 ) -> tuple[list[float], list[float]]:
-    """Forward and backward ms of one micro-batch through each flat stage (not each rank)."""
+    """Forward and backward ms of one micro-batch through each flat stage (not each rank); a
+    backward re-runs the forward work the job's recompute ``settings`` cover
+    (``recompute_cost``)."""
     units = stage_units(model, stages)
     missing = sorted({u for stage in units for u in stage} - set(costs.forward_ms))
     if missing:
@@ -333,7 +340,12 @@ def stage_compute_ms(
             f"which {model.name} needs"
         )
     forward = [sum(costs.forward_ms[u] for u in stage) for stage in units]
-    backward = [sum(costs.backward_ms[u] for u in stage) for stage in units]
+    shares = recompute_shares(model, settings)
+    backward = [
+        sum(costs.backward_ms[u] for u in stage)
+        + stage_recompute_ms(stage, costs.forward_ms, shares)
+        for stage in units
+    ]
     return forward, backward
 
 

@@ -106,6 +106,8 @@ class MemorySettings:
         return self.recompute_flags() + self.optimizer_flags()
 
 
+PLAIN = MemorySettings()  # no recompute, no offload, fp32 optimizer state on the GPU
+
 _READ = frozenset(
     {
         "cross_entropy_loss_fusion",

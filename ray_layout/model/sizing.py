@@ -170,7 +170,7 @@ def layer_params(model: ModelSpec) -> list[Params]:
     return out
 
 
-def _attention_flops_per_token(model: ModelSpec) -> float:
+def attention_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs of one attention layer per token (Megatron's causal accounting)."""
     h, heads, s = model.hidden_size, model.num_attention_heads, model.seq_length
     if model.mla is not None:
@@ -192,7 +192,7 @@ def _attention_flops_per_token(model: ModelSpec) -> float:
     return 2 * (h * (q + 2 * kv) + q * s + q * h)
 
 
-def _mlp_flops_per_token(model: ModelSpec, moe: bool) -> float:
+def mlp_flops_per_token(model: ModelSpec, moe: bool) -> float:
     # Megatron's own formula reads args.swiglu and so counts --quick-geglu as ungated; it is gated.
     gated = 3 if model.gated_linear_unit else 2
     if not moe:
@@ -204,8 +204,8 @@ def _mlp_flops_per_token(model: ModelSpec, moe: bool) -> float:
     return 2 * model.hidden_size * ffn * gated
 
 
-def _decoder_flops_per_token(model: ModelSpec, moe: bool) -> float:
-    return _attention_flops_per_token(model) + _mlp_flops_per_token(model, moe)
+def decoder_flops_per_token(model: ModelSpec, moe: bool) -> float:
+    return attention_flops_per_token(model) + mlp_flops_per_token(model, moe)
 
 
 def unit_sizes(model: ModelSpec, micro_batch_size: int = 1, tp: int = 1) -> dict[str, UnitSize]:
@@ -231,7 +231,7 @@ def unit_sizes(model: ModelSpec, micro_batch_size: int = 1, tp: int = 1) -> dict
         sizes[name] = UnitSize(
             name,
             decoder_layer_params(model, moe),
-            tokens * _decoder_flops_per_token(model, moe),
+            tokens * decoder_flops_per_token(model, moe),
         )
     if model.mtp_num_layers:
         mtp_glue = Params(tp_sharded=2 * h * h, replicated=3 * _norm(model, h))
@@ -239,7 +239,7 @@ def unit_sizes(model: ModelSpec, micro_batch_size: int = 1, tp: int = 1) -> dict
             MTP,
             decoder_layer_params(model, model.mtp_layer_is_moe) + mtp_glue,
             tokens
-            * (_decoder_flops_per_token(model, model.mtp_layer_is_moe) + 2 * (3 * h + 2 * h * h)),
+            * (decoder_flops_per_token(model, model.mtp_layer_is_moe) + 2 * (3 * h + 2 * h * h)),
         )
     sizes[LOSS] = UnitSize(
         LOSS,
@@ -259,8 +259,8 @@ def layer_units(model: ModelSpec) -> dict[str, bool]:
 
 def attention_share(model: ModelSpec, moe: bool) -> float:
     """Attention's share of one decoder layer's forward FLOPs (the rest is its MLP)."""
-    attention = _attention_flops_per_token(model)
-    return attention / (attention + _mlp_flops_per_token(model, moe))
+    attention = attention_flops_per_token(model)
+    return attention / (attention + mlp_flops_per_token(model, moe))
 
 
 def decoder_unit(model: ModelSpec, layer_index: int) -> str:

@@ -34,8 +34,10 @@ def toy_cost_model(
     jitter: float = 0.0,
     p2p: float = 0.4,
     tail_ms_per_gparam: float = 5.0,
+    block_layers: int = 0,
 ) -> CostModel:
-    """The handbook's shape with hand-chosen unit costs (m = 1.4 t, L = 3.8 t)."""
+    """The handbook's shape with hand-chosen unit costs (m = 1.4 t, L = 3.8 t); under
+    ``block_layers`` each chunk's first layers re-run their forward in their backward."""
     forward = np.array(forward, dtype=float)
     return CostModel(
         units=UNITS,
@@ -54,6 +56,8 @@ def toy_cost_model(
         overhead_bytes=3 * GIB,
         mtp_standalone_factor=1.12,
         in_flight=in_flight_at_peak(ScheduleShape(pp, vpp, microbatches)),
+        block_layers=block_layers,
+        block_recompute_ms=forward * np.array([0, 1, 0, 0]) if block_layers else None,
     )
 
 
@@ -95,15 +99,16 @@ def check_exact_top_two(case) -> ExactResult:
     return found
 
 
-def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail, p2p_overlap=False):
+def toy_case(layers, mtp, pp, vpp, microbatches, unit, p2p, tail, p2p_overlap=False, block=0):
     """(space, program, model, cuts, plain steps) of a random small space, None if it is empty;
-    ``p2p_overlap``: the interleaved schedule with overlapped p2p."""
+    ``p2p_overlap``: the interleaved schedule with overlapped p2p; ``block``: block recompute
+    of each chunk's first layers."""
     space = LayoutSpace(layers, mtp, pp, vpp)
     if space.count().total == 0:
         return None
     program = compile_schedule(ScheduleShape(pp, vpp, microbatches, p2p_overlap=p2p_overlap))
     model = toy_cost_model(pp, vpp, microbatches, layers=layers, forward=unit, p2p=p2p,
-                           tail_ms_per_gparam=tail)  # fmt: skip
+                           tail_ms_per_gparam=tail, block_layers=block)  # fmt: skip
     return (space, program, model, *plain_steps(space, program, model))
 
 

@@ -14,12 +14,17 @@ from ray_layout.errors import ConfigError
 from ray_layout.model.costs import costs_from_flops, load_costs
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.layout import Layout
-from ray_layout.model.memory_settings import RECOMPUTE_MODULES, MemorySettings, memory_settings
+from ray_layout.model.memory_settings import (
+    PLAIN,
+    RECOMPUTE_MODULES,
+    MemorySettings,
+    memory_settings,
+)
 from ray_layout.model.sizing import GIB, stage_sizes, unit_sizes
 from ray_layout.model.spec import ParallelConfig, load_recipe_file
 from search.cost_model import build_cost_model, in_flight_at_peak
 from search.evaluate import memory as evaluate_memory
-from search.memory import PLAIN, activation_bytes, recompute_bytes, stage_memory
+from search.memory import activation_bytes, recompute_bytes, stage_memory
 from search.pipeline_ops import ScheduleShape
 from search.planner import PlanOptions, Problem, SearchSpec
 from search.space import LayoutSpace

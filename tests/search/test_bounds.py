@@ -101,15 +101,18 @@ def test_the_schedule_picks_its_bound():
     unit=st.tuples(*(st.integers(0, 5) for _ in range(4))),
     p2p=st.sampled_from((0.0, 0.3, 2.0)),
     tail=st.sampled_from((0.0, 5.0, 40.0)),
+    block=st.integers(0, 3),
 )
 def test_one_f_one_b_bounds_never_exceed_the_simulated_step(
-    layers, pp, microbatches, unit, p2p, tail
+    layers, pp, microbatches, unit, p2p, tail, block
 ):
+    """Also under block recompute, whose stage backward depends on where the stage starts."""
     space = LayoutSpace(layers, 1, pp)
     program = compile_schedule(ScheduleShape(pp, 1, microbatches))
     cost_model = toy_cost_model(
-        pp, 1, microbatches, layers=layers, forward=unit, p2p=p2p, tail_ms_per_gparam=tail
-    )
+        pp, 1, microbatches, layers=layers, forward=unit, p2p=p2p, tail_ms_per_gparam=tail,
+        block_layers=block,
+    )  # fmt: skip
     cuts, steps = plain_steps(space, program, cost_model)
     sums = item_sums(cost_model, space)
     paths = one_f_one_b_paths(program, sums, cost_model.p2p_ms)
@@ -139,22 +142,41 @@ def test_one_f_one_b_bounds_never_exceed_the_simulated_step(
     p2p=st.sampled_from((0.0, 0.5, 3.0)),
     tail=st.sampled_from((0.0, 5.0, 40.0)),
     p2p_overlap=st.booleans(),
+    block=st.integers(0, 2),
 )
 # E|t|tt|tL: micro-batch 0's hops to a rank were counted twice, and the p2p calls a rank makes
 # before its last chunk's first forward were counted on top of micro-batch 0's way there
 @example(
-    layers=4, pp=2, vpp=2, groups=2, mtp=0, unit=(0, 0, 4, 0), p2p=0.5, tail=5.0, p2p_overlap=False
+    layers=4,
+    pp=2,
+    vpp=2,
+    groups=2,
+    mtp=0,
+    unit=(0, 0, 4, 0),
+    p2p=0.5,
+    tail=5.0,
+    p2p_overlap=False,
+    block=0,
 )
 @example(
-    layers=4, pp=3, vpp=2, groups=1, mtp=1, unit=(0, 1, 0, 0), p2p=3.0, tail=40.0, p2p_overlap=False
+    layers=4,
+    pp=3,
+    vpp=2,
+    groups=1,
+    mtp=1,
+    unit=(0, 1, 0, 0),
+    p2p=3.0,
+    tail=40.0,
+    p2p_overlap=False,
+    block=0,
 )
 def test_interleaved_bounds_never_exceed_the_simulated_step(
-    layers, pp, vpp, groups, mtp, unit, p2p, tail, p2p_overlap
+    layers, pp, vpp, groups, mtp, unit, p2p, tail, p2p_overlap, block
 ):
     """Along every layout's path through the tree, each node's bound is at most its step (also
     with the layout's own step as the threshold: a tie is never pruned), with blocking and with
     overlapped p2p."""
-    case = toy_case(layers, mtp, pp, vpp, groups * pp, unit, p2p, tail, p2p_overlap)
+    case = toy_case(layers, mtp, pp, vpp, groups * pp, unit, p2p, tail, p2p_overlap, block)
     if case is None:
         return
     space, program, cost_model, cuts, steps = case

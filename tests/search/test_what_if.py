@@ -8,9 +8,8 @@ from dataclasses import replace
 from ray_layout.model.costs import load_costs
 from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.layout import Layout
-from ray_layout.model.memory_settings import memory_settings
+from ray_layout.model.memory_settings import PLAIN, memory_settings
 from ray_layout.model.spec import load_recipe_file
-from search.memory import PLAIN
 from search.planner import PlanOptions, Problem, SearchSpec, plan
 from search.what_if import WhatIf, steps, what_ifs
 
