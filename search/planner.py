@@ -170,6 +170,10 @@ class Problem:
             flags.ep_overlap,
         )
 
+    def tagged(self, candidate: Candidate) -> Candidate:
+        """``candidate`` naming the recompute flags it was simulated with."""
+        return replace(candidate, recompute=self.memory.recompute_flags())
+
     def schedule(self, parallel: ParallelConfig) -> tuple[Program, CostModel]:
         """The job's compiled schedule and cost model at ``parallel``'s sizes (its PP and VPP)."""
         spec = self.spec
@@ -234,7 +238,7 @@ def plan(
         results = map_shards(run_shard, tasks)
     result = merge(results, options.top)
     return Plan(
-        candidates=result.candidates,
+        candidates=tuple(problem.tagged(c) for c in result.candidates),
         baselines=baselines(problem),
         method=method,
         valid_layouts=counted.valid,
@@ -255,7 +259,7 @@ def plan(
 def score_given(layout: Layout, problem: Problem) -> Candidate:
     """Score one layout under its own schedule (its VPP comes from the layout)."""
     program, cost_model = _schedule_for(layout, problem)
-    return score_layout(layout, program, cost_model, problem.options)
+    return problem.tagged(score_layout(layout, program, cost_model, problem.options))
 
 
 def _schedule_for(layout: Layout, problem: Problem) -> tuple[Program, CostModel]:
@@ -336,5 +340,6 @@ def baselines(problem: Problem) -> tuple[Baseline, ...]:
             found.append(Baseline(name, None, str(exc)))  # schedule its VPP (the current's own)
             continue
         if layout is not None and schedule is not None:
-            found.append(Baseline(name, score_layout(layout, *schedule, problem.options)))
+            scored = score_layout(layout, *schedule, problem.options)
+            found.append(Baseline(name, problem.tagged(scored)))
     return tuple(found)

@@ -50,6 +50,7 @@ class Candidate:
     memory_gib: tuple[float, ...]
     fits: bool | None  # None where no HBM limit was given: memory not checked
     mtp_standalone: bool
+    recompute: tuple[str, ...] = ()  # the recompute flags it was simulated with (none: empty)
 
     @property
     def peak_memory_gib(self) -> float:

@@ -10,10 +10,10 @@ every memory figure.  Defaults and the allowed values are megatron-core 0.16.1's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ray_layout.errors import ConfigError, quoted
-from ray_layout.model.megatron_args import parse_flags
+from ray_layout.model.megatron_args import parse_flags, walk_flags
 
 # transformer_config.py: the modules --recompute-modules and --offload-modules accept.
 RECOMPUTE_MODULES = frozenset(
@@ -75,6 +75,16 @@ class MemorySettings:
         """The gradient buffer: fp32 unless --main-grads-dtype bf16 (or --grad-reduce-in-bf16)
         turns off fp32 accumulation (``arguments.py``)."""
         return self.main_grad_bytes
+
+    def without_recompute(self) -> MemorySettings:
+        """These settings with no recomputation (``--recompute-modules``' default kept)."""
+        return replace(
+            self,
+            recompute_granularity=None,
+            recompute_method=None,
+            recompute_num_layers=0,
+            recompute_modules=frozenset({"core_attn"}),
+        )
 
     def recompute_flags(self) -> tuple[str, ...]:
         """The recompute part of these settings as Megatron flags."""
@@ -201,6 +211,32 @@ def memory_settings(args: Sequence[str], source: str = SOURCE) -> MemorySettings
         optimizer_instances=instances,
         cross_entropy=cross_entropy,
     )
+
+
+_RECOMPUTE_DESTS = frozenset(
+    {
+        "moe_layer_recompute",
+        "recompute_activations",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_modules",
+        "recompute_num_layers",
+    }
+)
+
+
+def with_recompute(
+    args: Sequence[str], settings: MemorySettings, source: str = SOURCE
+) -> tuple[str, ...]:
+    """``args`` running ``settings``' recomputation instead of their own: every recompute flag
+    (the deprecated ``--recompute-activations`` and ``--moe-layer-recompute`` too) taken out,
+    the settings' own flags appended."""
+    dropped: set[int] = set()
+    for use in walk_flags(args, source, strict=False, keep_unknown=True):
+        if use.known and use.entry["dest"] in _RECOMPUTE_DESTS:
+            dropped.update(use.span)
+    kept = tuple(word for i, word in enumerate(args) if i not in dropped)
+    return kept + settings.recompute_flags()
 
 
 def _modules(

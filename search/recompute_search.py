@@ -1,0 +1,156 @@
+"""Layout and recomputation chosen together: the fastest pair that fits.
+
+What fits in HBM decides between recompute settings that cost 5% to 35% of a step, and the
+layout and the setting interact: block recompute re-runs each chunk's first layers, and a layout
+that overflows without recomputation may be the fastest once a cheap module is recomputed.  So
+each setting real jobs use (``recompute_options``) is planned under the same HBM limit, the
+candidates of all of them are ranked together, and a setting is skipped without planning when
+no layout could beat the pick under it (its ideal step, all compute spread evenly with no
+bubble, is no faster).  For each layout, no recomputation is the fastest setting; what it costs
+comes from ``ray_layout.model.recompute_cost``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ray_layout.model.fields import ModelSpec
+from ray_layout.model.memory_settings import MemorySettings
+from search.planner import MapShards, Plan, Problem, ideal_step_ms, plan
+from search.ranking import Candidate
+from search.space import LayoutSpace
+
+JOINT_TIME_S = 24.0  # the whole joint search's budget of exact-search time, split by setting
+LEAST_TIME_S = 1.0  # per setting: a second still proves most 1F1B optima
+
+
+@dataclass(frozen=True)
+class SettingPlan:
+    """One recompute setting planned (``plan`` None: skipped, as ``floor_ms`` proves no layout
+    under it beats the pick)."""
+
+    settings: MemorySettings
+    floor_ms: float  # no layout under this setting steps faster (noise-free)
+    plan: Plan | None
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return self.settings.recompute_flags()
+
+    @property
+    def bound_ms(self) -> float:
+        """No layout under this setting that fits steps faster: the plan's proven bound, its
+        best candidate where it searched everything (inf where none fits), else the floor."""
+        if self.plan is None:
+            return self.floor_ms
+        best = min((c.noise_free_ms for c in self.plan.candidates), default=math.inf)
+        if self.plan.proven_bound_ms is not None:
+            return min(self.plan.proven_bound_ms, best)
+        return best
+
+
+@dataclass(frozen=True)
+class JointPlan:
+    """Every setting tried, and the candidates of all of them, fastest first."""
+
+    tried: tuple[SettingPlan, ...]
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def bound_ms(self) -> float:
+        """No pair of layout and setting that fits steps faster (noise-free)."""
+        return min((tried.bound_ms for tried in self.tried), default=math.inf)
+
+    @property
+    def pick(self) -> SettingPlan | None:
+        """The setting of the fastest candidate (None: nothing fits under any)."""
+        if not self.candidates:
+            return None
+        flags = self.candidates[0].recompute
+        return next(t for t in self.tried if t.plan is not None and t.flags == flags)
+
+    @property
+    def gap(self) -> float:
+        """How far the pick may be from the fastest pair (0: proven optimal)."""
+        if not self.candidates:
+            return 0.0
+        return max(0.0, 1.0 - self.bound_ms / self.candidates[0].noise_free_ms)
+
+
+def recompute_options(
+    model: ModelSpec, job: MemorySettings, stages: int
+) -> tuple[MemorySettings, ...]:
+    """The settings searched, from the cheapest: none, the job's own, selective recompute of
+    ever more modules (the cheap ones first: norms, the experts' activation, MLA's
+    up-projections; then core attention; then the MLPs), full recompute of each chunk's first 1
+    to ``ceil(layers / stages)`` layers (block), and of every layer (uniform, one per
+    checkpoint, as megatron-core requires with MTP)."""
+    plain = job.without_recompute()
+    moe, dense = any(model.moe_layer_pattern), not all(model.moe_layer_pattern)
+    cheap = {"layernorm"} | ({"moe_act"} if moe else set())
+    cheap |= {"mla_up_proj"} if model.mla is not None else set()
+    attention = cheap | {"core_attn"}
+    mlps = attention | ({"mlp"} if dense else set())
+    mlps |= {"shared_experts"} if model.moe_shared_expert_intermediate_size else set()
+    ladders = [cheap, attention, mlps, mlps | ({"moe"} if moe else set())]
+    selective = [
+        replace(plain, recompute_granularity="selective", recompute_modules=frozenset(modules))
+        for modules in ladders
+    ]
+    full = replace(plain, recompute_granularity="full")
+    block = [
+        replace(full, recompute_method="block", recompute_num_layers=layers)
+        for layers in range(1, math.ceil(model.num_layers / stages) + 1)
+    ]
+    uniform = replace(full, recompute_method="uniform", recompute_num_layers=1)
+    return tuple(dict.fromkeys([plain, job, *selective, *block, uniform]))
+
+
+def floor_ms(problem: Problem) -> float:
+    """No layout of the problem steps faster: its ideal step (``planner.ideal_step_ms``), all
+    compute spread evenly over the ranks with no bubble; block recomputation left out, which
+    keeps it a floor."""
+    space = LayoutSpace.of(
+        problem.model,
+        problem.parallel,
+        allow_empty_stages=problem.spec.allow_empty_stages,
+        allow_standalone_mtp=problem.spec.allow_standalone_mtp,
+    )
+    program, cost_model = problem.schedule(problem.parallel)
+    return ideal_step_ms(cost_model, space, program)
+
+
+def joint_plan(
+    problem: Problem,
+    progress: Callable[[str], None] | None = None,
+    map_shards: MapShards | None = None,
+    time_limit_s: float = JOINT_TIME_S,
+) -> JointPlan:
+    """Every setting of ``recompute_options`` planned under the problem's HBM limit (those no
+    layout under which beats the pick so far skipped), their candidates ranked together."""
+    options = recompute_options(
+        problem.model, problem.memory, problem.parallel.pp * problem.parallel.vpp
+    )
+    each_s = max(LEAST_TIME_S, time_limit_s / len(options))
+    spec = replace(problem.spec, time_limit_s=min(problem.spec.time_limit_s, each_s))
+    tried: list[SettingPlan] = []
+    candidates: list[Candidate] = []
+    best = math.inf
+    for settings in options:
+        setting = replace(problem, memory=settings, spec=spec)
+        floor = floor_ms(setting)
+        if floor >= best:
+            tried.append(SettingPlan(settings, floor, None))
+            continue
+        if progress is not None:
+            progress(f"recompute {' '.join(settings.recompute_flags()) or 'none'}")
+        found = plan(setting, progress, map_shards)
+        tried.append(SettingPlan(settings, floor, found))
+        candidates += found.candidates
+        best = min((c.noise_free_ms for c in candidates), default=math.inf)
+    ranked = sorted(candidates, key=lambda c: (c.mean_ms, c.noise_free_ms))
+    fastest = {str(c.layout): c for c in reversed(ranked)}  # each layout at its best setting
+    kept = [c for c in ranked if fastest[str(c.layout)] is c]
+    return JointPlan(tuple(tried), tuple(kept[: problem.options.top]))
