@@ -26,9 +26,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ray_layout.model.sizing import GIB
-from search.bounds import PRUNE_TOLERANCE_MS, Bound, ItemSums, Node, bound_for, item_sums
+from search.bounds import PRUNE_TOLERANCE_MS, Bound, Node, bound_for
 from search.evaluate import CostModel, score, stage_times, tail_ms
 from search.incumbent import downhill, seed_cuts
+from search.item_sums import ItemSums, item_sums
 from search.paths import CutBounds, PathCut, allowed_ends, critical_paths
 from search.progress import ProgressClock
 from search.relaxation import Relaxation, relax

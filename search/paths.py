@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search.bounds import ItemSums
+from search.item_sums import ItemSums
 from search.schedule import Program
 from search.simulator import simulate
 

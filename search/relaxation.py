@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linprog
 
-from search.bounds import ItemSums
+from search.item_sums import ItemSums
 from search.paths import PathCut, combine, critical_paths, least_completions
 from search.progress import ProgressClock
 from search.schedule import Program

@@ -2,7 +2,8 @@
 
 "Try recompute" is no answer a user can act on; re-planning under each setting is. Each what-if
 adds one set of flags to the job's own (``ray_layout.model.memory_settings``), plans again under
-the same HBM limit and reports the pick and its largest stage, or the smallest peak still left.
+the same HBM limit and reports the pick, its largest stage and what recomputing costs its step,
+or the smallest peak still left.
 The steps go from what costs the least step time (selective recompute of the cheap modules, a
 bf16 optimizer state) to what costs the most (full recompute of every layer).
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
 from ray_layout.model.memory_settings import MemorySettings
-from search.planner import Problem, plan
+from search.planner import Problem, plan, score_given
 
 WHAT_IF_TIME_S = 2.0  # per re-plan: an answer in seconds beats a proven optimum here
 
@@ -27,6 +28,7 @@ class WhatIf:
     layout: Layout | None
     largest_stage_gib: float  # the pick's largest stage, or the smallest peak of any layout
     mean_ms: float | None = None
+    recompute_cost: float = 0.0  # the pick's step over its layout's without recomputation
 
     def line(self, hbm_gib: float) -> str:
         with_flags = f"with `{' '.join(self.flags)}`"
@@ -35,9 +37,10 @@ class WhatIf:
                 f"{with_flags} still no layout fits in {hbm_gib:g} GiB: the smallest peak is "
                 f"{self.largest_stage_gib:,.1f} GiB"
             )
+        priced = f", {self.recompute_cost:+.1%} for recomputation" if self.recompute_cost else ""
         return (
             f"{with_flags} the pick {self.layout} fits: its largest stage is "
-            f"{self.largest_stage_gib:,.1f} GiB (step {self.mean_ms:,.1f} ms before recomputation)"
+            f"{self.largest_stage_gib:,.1f} GiB (step {self.mean_ms:,.1f} ms{priced})"
         )
 
 
@@ -101,7 +104,9 @@ def what_ifs(problem: Problem) -> list[WhatIf]:
         flags = _added(problem.memory, settings)
         if result.candidates:
             pick = result.candidates[0]
-            found.append(WhatIf(flags, pick.layout, pick.peak_memory_gib, pick.mean_ms))
+            plain = replace(problem, memory=settings.without_recompute())
+            cost = pick.mean_ms / score_given(pick.layout, plain).mean_ms - 1.0
+            found.append(WhatIf(flags, pick.layout, pick.peak_memory_gib, pick.mean_ms, cost))
         else:
             found.append(WhatIf(flags, None, result.smallest_peak_gib))
     return found

@@ -6,12 +6,22 @@ import math
 import sys
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
 
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
+from ray_layout.commands.recompute_plan import (
+    ASKED,
+    joint_search,
+    nothing_fits,
+    paste_flags,
+    print_recompute_search,
+    recompute_price,
+    short_name,
+)
+from ray_layout.commands.schedule_compare import compare_schedules, print_schedules
 from ray_layout.commands.searching import (
     SearchFlags,
     candidate_row,
@@ -26,14 +36,12 @@ from ray_layout.errors import ConfigError, InputError
 from ray_layout.model.baselines import BaselineName
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.fields import MAX_PARALLEL_SIZE
-from ray_layout.model.job_flags import NO_EP_OVERLAP
 from ray_layout.model.layout import Layout
 from ray_layout.model.spec import Recipe, check_pipeline_stages
 from ray_layout.options.checks import MAX_TASKS, at_least, between, comma_integers, each, reachable
 from ray_layout.options.flag_fields import option
 from ray_layout.runtime.sharding import ray_map_shards
-from search.pipeline_ops import COMBINED_1F1B, INTERLEAVED, INTERLEAVED_OVERLAP_P2P
-from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan, score_given
+from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
 from search.what_if import what_ifs
 
 
@@ -58,6 +66,11 @@ class PlanSettings(ModelSettings):
         False,
         help="also score the listed layouts under blocking and overlapped p2p, and combined "
         "1F1B where the job overlaps EP all-to-alls (VPP > 1)",
+    )
+    recompute: Literal["job", "auto"] = option(
+        "job",
+        help="job: plan under the job's own recompute setting, and search layout x recompute "
+        "only where it fits no layout in --hbm-gb; auto: always search layout x recompute",
     )
     write_script: str | None = write_script_flag()
 
@@ -95,6 +108,7 @@ def plan_report(recipe: Recipe, result: Plan, spec: SearchSpec) -> dict[str, Any
         "micro_batches": spec.num_microbatches,
         "schedule": result.schedule,
         "schedule_notes": list(recipe.flags.unsimulated),
+        "job_recompute": list(recipe.flags.memory.recompute_flags()),
         "method": result.method,
         "valid_layouts": result.valid_layouts,
         "space_size": result.space_size,
@@ -139,10 +153,10 @@ def _peak_memory(row: dict[str, Any]) -> str:
     return f"{peak:.0f} (rank {rank})" + (" OOM" if row["fits"] is False else "")
 
 
-def _cells(label: str, row: dict[str, Any], speedups: list[str]) -> list[str]:
+def _cells(label: str, row: dict[str, Any], speedups: list[str], job: list[str]) -> list[str]:
     return [
         label,
-        row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else ""),
+        _layout_cell(row, job),
         f"{row.get('ties', 1):,}",
         f"{row['mean_ms']:,.1f}",
         f"{row['p90_ms']:,.1f}",
@@ -151,6 +165,16 @@ def _cells(label: str, row: dict[str, Any], speedups: list[str]) -> list[str]:
         _peak_memory(row),
         *speedups,
     ]
+
+
+def _layout_cell(row: dict[str, Any], job: list[str]) -> str:
+    """The layout, and the recompute setting it runs with where that is not the job's own,
+    with what recomputing costs it."""
+    cell = row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else "")
+    if row.get("recompute", job) != job:
+        cell += f" + recompute {short_name(row['recompute'])}"
+        cell += f" ({row['recompute_cost']:+.1%})" if row["recompute"] else ""
+    return cell
 
 
 def layout_width(width: int, headers: list[str], rows: list[list[str]]) -> int:
@@ -185,11 +209,11 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
         *(shown.column for shown in columns),
     ]
     ranked = [
-        _cells(str(index), row, _speedups(row, columns))
+        _cells(str(index), row, _speedups(row, columns), report["job_recompute"])
         for index, row in enumerate(report["candidates"], 1)
     ]
     compared_with = [
-        _cells(SHOWN[BaselineName(base["name"])].label, base, [""] * len(columns))
+        _cells(SHOWN[BaselineName(base["name"])].label, base, [""] * len(columns), [])
         for base in scored
     ]
     width = layout_width(console.width, headers, [*ranked, *compared_with])
@@ -211,11 +235,14 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
     for base in report["baselines"]:
         if "layout" not in base:
             console.print(f"{base['name']}: none ({base['reason']})", highlight=False)
-    console.print(_searched(report), highlight=False)
+    own = "under the job's own recompute setting: " if "recompute_search" in report else ""
+    console.print(own + _searched(report), highlight=False)
     for note in report.get("schedule_notes", ()):
         console.print(f"not simulated: {note}", highlight=False, soft_wrap=True)
     if "compare_schedules" in report:
-        _print_schedules(report["compare_schedules"], console)
+        print_schedules(report["compare_schedules"], console)
+    if "recompute_search" in report:
+        print_recompute_search(report, console)
     tied = sum(row.get("ties", 1) - 1 for row in report["candidates"])
     if tied:
         console.print(
@@ -226,9 +253,7 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
             soft_wrap=True,
         )
     if report["candidates"]:
-        best = report["candidates"][0]["layout"]
-        flags = f'--pipeline-model-parallel-layout "{best}"'
-        console.print(f"flag to paste: {flags}", highlight=False, markup=False)
+        console.print(f"flag to paste: {paste_flags(report)}", highlight=False, markup=False)
 
 
 def _searched(report: dict[str, Any]) -> str:
@@ -283,12 +308,19 @@ def _planned(
     if spec.shards > 1:  # the one place the search gets Ray: its shards become Ray tasks
         _start_ray(settings.ray_address, spec.shards)
         map_shards = ray_map_shards
-    found = plan(
-        Problem.of(recipe, costs, spec, options),
-        progress=_progress,
-        map_shards=map_shards,
-    )
-    return plan_report(recipe, found, spec)
+    problem = Problem.of(recipe, costs, spec, options)
+    found, section = None, None
+    if settings.recompute == "job":
+        found = plan(problem, progress=_progress, map_shards=map_shards)
+    if found is None or (options.hbm_gib is not None and not found.candidates):
+        why = ASKED if found is None else nothing_fits(problem)
+        found, section = joint_search(problem, why, _progress, map_shards)
+    report = plan_report(recipe, found, spec)
+    for row, candidate in zip(report["candidates"], found.candidates, strict=True):
+        row["recompute_cost"] = recompute_price(candidate, problem)
+    if section is not None:
+        report["recompute_search"] = section
+    return report
 
 
 def _schedule(report: dict[str, Any]) -> str:
@@ -349,7 +381,7 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
         report = _planned(settings, recipe, costs, *_search(settings, recipe))
         if settings.compare_schedules:
             problem = Problem.of(recipe, costs, *_search(settings, recipe))
-            report["compare_schedules"] = _compare_schedules(problem, report)
+            report["compare_schedules"] = compare_schedules(problem, report)
         emit(report, settings.as_json, print_plan, console)
         hint = ""
         if settings.search.hbm_gb is not None and not report["candidates"]:
@@ -364,43 +396,6 @@ def run_plan(settings: PlanSettings, console: Console) -> None:
             comment = comment_line("plan", layout, speedup, over)
             write_tuned_script(settings, settings.write_script, layout, comment)
             print(f"plan: wrote {settings.write_script}", file=sys.stderr)
-
-
-def _compare_schedules(problem: Problem, report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The listed layouts' mean steps under blocking and overlapped p2p, and under combined 1F1B
-    where the job overlaps its EP all-to-alls: what each overlap buys."""
-    if problem.parallel.vpp == 1:
-        raise ConfigError("--compare-schedules needs VPP > 1: 1F1B has no p2p overlap")
-    variants = {
-        INTERLEAVED: replace(problem, p2p_overlap=False, ep_overlap=NO_EP_OVERLAP),
-        INTERLEAVED_OVERLAP_P2P: replace(problem, p2p_overlap=True, ep_overlap=NO_EP_OVERLAP),
-    }
-    if problem.ep_overlap.on:  # with the job's own p2p mode
-        variants[COMBINED_1F1B] = problem
-    rows = []
-    for row in report["candidates"]:
-        layout = Layout.parse(row["layout"], problem.parallel.pp)
-        steps = {name: score_given(layout, variant).mean_ms for name, variant in variants.items()}
-        rows.append({"layout": row["layout"], **steps})
-    return rows
-
-
-def _print_schedules(rows: list[dict[str, Any]], console: Console) -> None:
-    combined = bool(rows) and COMBINED_1F1B in rows[0]
-    schedules = [INTERLEAVED, INTERLEAVED_OVERLAP_P2P, *([COMBINED_1F1B] if combined else [])]
-    table = Table(title="the same layouts under each schedule (mean ms)")
-    for column in ("layout", *schedules, "p2p overlap saves"):
-        table.add_column(column, justify="left" if column == "layout" else "right")
-    if combined:
-        table.add_column("EP overlap saves", justify="right")
-    for row in rows:
-        blocking, overlapped = row[INTERLEAVED], row[INTERLEAVED_OVERLAP_P2P]
-        cells = [f"{row[name]:,.1f}" for name in schedules]
-        cells.append(f"{1 - overlapped / blocking:+.1%}")
-        if combined:  # against the fastest p2p mode without it
-            cells.append(f"{1 - row[COMBINED_1F1B] / min(blocking, overlapped):+.1%}")
-        table.add_row(row["layout"], *cells)
-    console.print(table)
 
 
 def _what_if(problem: Problem) -> str:

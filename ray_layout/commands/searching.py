@@ -272,4 +272,5 @@ def candidate_row(c: Candidate) -> dict[str, Any]:
         "memory_gib": list(c.memory_gib),
         "fits": c.fits,
         "mtp_standalone": c.mtp_standalone,
+        "recompute": list(c.recompute),
     }

@@ -86,11 +86,28 @@ def test_plan_where_no_layout_fits_names_the_smallest_peak_and_exits_2(capsys):
     assert "smallest peak of any layout scored is " in error and "recompute" in error
 
 
-def test_plan_where_nothing_fits_names_the_flags_that_would_fit(capsys):
-    assert main(handbook_plan("--hbm-gb", "30", "--samples", "8")) == 2
-    (error,) = capsys.readouterr().err.strip().splitlines()  # the cheapest what-if in its line
-    assert "with `--recompute-granularity selective --recompute-modules " in error
-    assert "the pick " in error and "fits: its largest stage is " in error
+def test_plan_where_the_jobs_setting_fits_nothing_searches_layout_and_recompute(capsys):
+    """At 30 GiB no layout fits without recomputation: the plan picks a pair that fits, names
+    its flags per candidate with their price, and pastes them with the layout."""
+    report = run_json(capsys, *handbook_plan("--hbm-gb", "30", "--samples", "8", "--top", "3"))
+    search = report["recompute_search"]
+    assert search["why"] == "the job's own recompute setting (none) fits no layout in 30 GiB"
+    assert report["job_recompute"] == [] and search["tried"][0]["fitting"] == 0
+    for row in report["candidates"]:
+        assert row["fits"] and row["recompute"][0] == "--recompute-granularity"
+        assert row["recompute_cost"] > 0
+    assert search["gap"] is not None and 0 <= search["gap"] < 0.5
+    assert main(handbook_plan("--hbm-gb", "30", "--samples", "8", "--top", "1")) == 0
+    shown = capsys.readouterr().out
+    assert "layout x recompute" in shown and "recompute full block" in shown
+    pick = report["candidates"][0]
+    assert f'"{pick["layout"]}" {" ".join(pick["recompute"])}' in " ".join(shown.split())
+
+
+def test_plan_where_nothing_fits_under_any_recompute_says_so_in_one_line(capsys):
+    assert main(handbook_plan("--hbm-gb", "20", "--samples", "8")) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: no layout fits in --hbm-gb 20: the smallest peak of any ")
 
 
 def test_plan_json_speedups_and_memory(capsys):
@@ -185,6 +202,7 @@ def test_plan_table_stays_readable_at_pp_16(capsys):
         "memory_gib": memory,
         "fits": False,
         "mtp_standalone": False,
+        "recompute": [],
         "speedup_vs_current": None,
         "speedup_vs_default": None,
         "speedup_vs_count_based": 1.04,
@@ -205,6 +223,7 @@ def test_plan_table_stays_readable_at_pp_16(capsys):
         "search_nodes": 0,
         "candidates": [row],
         "baselines": [],
+        "job_recompute": [],
     }
     print_plan(report, Console(width=120, record=True))
     out = capsys.readouterr().out
@@ -226,6 +245,7 @@ def plan_row(layout: str, noise_free_ms: float) -> dict:
         "memory_gib": [40.0, 41.0, 42.0, 39.0],
         "fits": True,
         "mtp_standalone": False,
+        "recompute": [],
         "speedup_vs_current": None,
         "speedup_vs_default": 1.2,
         "speedup_vs_count_based": None,
@@ -239,6 +259,7 @@ def exact_search_report(**searched) -> dict:
         "pp": 4,
         "vpp": 1,
         "micro_batches": 8,
+        "job_recompute": [],
         "method": "exact search",
         "valid_layouts": 816,
         "space_size": 680,
@@ -315,34 +336,6 @@ def test_the_layout_column_is_at_least_8_wide_and_never_wider_than_its_longest_l
     others = len(str(len(layouts) - 1)) + 3 + len("1,234.5") + 3  # widest line, padding, border
     if got > 8:  # the other columns keep their room; the layout folds instead
         assert got <= width - others - 4
-
-
-def test_plan_json_names_the_schedule_the_flags_select_and_compares_p2p_modes(capsys):
-    """VPP 2 keeps Megatron's p2p overlap unless the job's flags turn it off; with
-    --compare-schedules each listed layout is scored under both p2p modes."""
-    options = ("--vpp", "2", "--top", "2", "--samples", "8", "--compare-schedules")
-    report = run_json(capsys, *handbook_plan(*options))
-    assert report["schedule"] == "interleaved-overlap-p2p" and report["schedule_notes"] == []
-    compared = report["compare_schedules"]
-    assert [row["layout"] for row in compared] == [c["layout"] for c in report["candidates"]]
-    for row in compared:
-        assert row["interleaved-overlap-p2p"] <= row["interleaved"]
-    assert run_json(capsys, *handbook_plan("--top", "1", "--samples", "8"))["schedule"] == "1f1b"
-
-
-def test_compare_schedules_adds_combined_1f1b_where_the_job_overlaps_ep(capsys, tmp_path):
-    """The handbook at PP 4, VPP 2 with EP overlap (FLOP costs, whose all-to-alls are 0.89 ms
-    each): the pick is combined 1F1B's, and scored as each other schedule it is slower."""
-    raw = yaml.safe_load((ROOT / "configs" / "handbook_7b_a1b.yaml").read_text())
-    raw["megatron_args"] = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
-    config = tmp_path / "handbook_ep.yaml"
-    config.write_text(yaml.safe_dump(raw))
-    options = ("--pp", "4", "--vpp", "2", "--costs", "flops", "--top", "2", "--samples", "8")
-    report = run_json(capsys, "plan", str(config), *options, "--compare-schedules")
-    assert report["schedule"] == "combined-1f1b"
-    pick, row = report["candidates"][0], report["compare_schedules"][0]
-    assert row["combined-1f1b"] == pytest.approx(pick["mean_ms"])
-    assert row["combined-1f1b"] < row["interleaved-overlap-p2p"] < row["interleaved"]
 
 
 def test_deepseek_with_ep_overlap_names_its_schedule_and_what_is_not_simulated(capsys, tmp_path):

@@ -19,6 +19,7 @@ from ray_layout.model.memory_settings import (
     RECOMPUTE_MODULES,
     MemorySettings,
     memory_settings,
+    with_recompute,
 )
 from ray_layout.model.sizing import GIB, stage_sizes, unit_sizes
 from ray_layout.model.spec import ParallelConfig, load_recipe_file
@@ -286,3 +287,41 @@ def test_the_model_zoo_deepseek_v3_h100_recipe_fits_in_80_gb():
     assert max(peaks) <= 80.0
     plain = stage_memory(recipe.model, recipe.parallel, layout, costs, held)
     assert max(m.total_gib for m in plain) > 95.0
+
+
+_OTHERS = [
+    ["--bf16"],
+    ["--seq-length", "4096"],
+    ["--use-precision-aware-optimizer"],
+    ["--exp-avg-dtype", "bf16"],
+    ["--tensor-model-parallel-size=2"],
+]
+_OTHER_WORDS = st.sampled_from(_OTHERS)
+_RECOMPUTE_WORDS = st.sampled_from(
+    [["--recompute-granularity", "full"], ["--recompute-method=block"],
+     ["--recompute-num-layers", "3"], ["--recompute-modules", "core_attn", "moe_act"],
+     ["--recompute-activations"], ["--moe-layer-recompute"], ["--recompute-granularity=selective"]]
+)  # fmt: skip
+_SETTINGS = st.sampled_from(
+    [[], ["--recompute-granularity", "selective", "--recompute-modules", "mlp", "layernorm"],
+     ["--recompute-granularity", "full", "--recompute-method", "uniform",
+      "--recompute-num-layers", "2"],
+     ["--recompute-granularity", "full", "--recompute-method", "block",
+      "--recompute-num-layers", "0"]]
+)  # fmt: skip
+
+
+@given(st.lists(st.one_of(_OTHER_WORDS, _RECOMPUTE_WORDS)), _SETTINGS)
+def test_with_recompute_keeps_every_other_word_and_runs_exactly_the_given_setting(parts, flags):
+    words = [word for part in parts for word in part]
+    wanted = memory_settings(flags)
+    rewritten = with_recompute(words, wanted)
+    others = [w for part in parts if part in _OTHERS for w in part]
+    assert list(rewritten[: len(others)]) == others  # in their order, untouched
+    assert rewritten[len(others) :] == wanted.recompute_flags()
+    assert memory_settings(rewritten) == replace(memory_settings(others), **_recompute_of(wanted))
+
+
+def _recompute_of(settings: MemorySettings) -> dict[str, object]:
+    names = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+    return {name: getattr(settings, name) for name in (*names, "recompute_modules")}

@@ -14,12 +14,12 @@ from search.bounds import (
     OneFOneBBound,
     bound_for,
     forwards_before_first_backward,
-    item_sums,
     one_f_one_b_paths,
     settled_levels,
     suffix_minmax,
     water_levels,
 )
+from search.item_sums import item_sums
 from search.pipeline_ops import BACKWARD, ScheduleShape
 from search.schedule import compile_schedule
 from search.space import LayoutSpace
@@ -28,18 +28,6 @@ from tests.helpers.megatron_schedule_oracle import megatron_order
 from tests.helpers.planner_fixtures import plain_steps, toy_case, toy_cost_model
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in MEGATRON_CPU_WARNINGS]
-
-
-def test_item_sums_are_prefix_sums_of_each_items_cost():
-    """Items E, t_1..t_4, the MTP block, L: a stage's cost is a difference of two sums."""
-    space = LayoutSpace(4, 1, 2)
-    model = toy_cost_model(2, layers=4, forward=(1.0, 10.0, 14.0, 38.0), tail_ms_per_gparam=5.0)
-    sums = item_sums(model, space)
-    assert sums.items == 7
-    assert sums.forward.tolist() == [0, 1, 11, 21, 31, 41, 55, 93]
-    assert sums.backward.tolist() == (2 * sums.forward).tolist()
-    assert sums.load.tolist() == (3 * sums.forward).tolist()
-    assert sums.tail[-1] - sums.tail[-2] == pytest.approx(0.13 * 5.0)  # L's parameters
 
 
 @settings(max_examples=200, deadline=None)

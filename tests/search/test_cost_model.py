@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from ray_layout.errors import ConfigError
-from ray_layout.model.costs import load_costs, stage_compute_ms, step_tail_ms
+from ray_layout.model.costs import costs_from_flops, load_costs, stage_compute_ms, step_tail_ms
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import memory_settings
 from ray_layout.model.sizing import stage_sizes
 from ray_layout.model.spec import build_recipe, load_recipe_file, with_parallel
 from search.cost_model import build_cost_model, in_flight_at_peak, p2p_links
 from search.evaluate import memory, stage_times, tail_ms
 from search.memory import stage_memory
 from search.pipeline_ops import ScheduleShape
-from search.planner import _layout_counts
+from search.planner import PlanOptions, Problem, SearchSpec, _layout_counts, score_given
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 COSTS = load_costs("configs/costs/handbook_h200_example.json")
@@ -84,3 +87,25 @@ def test_calibration_scales_activations_only():
     t = base.units.index("t")
     assert scaled.activation_bytes[t] == 2 * base.activation_bytes[t]
     assert np.array_equal(scaled.static_bytes, base.static_bytes)
+
+
+def test_recomputation_prices_the_handbooks_step_in_the_order_of_the_work_it_redoes():
+    """One layout of the handbook recipe on FLOP costs: no recomputation < selective core
+    attention and experts' activation < full recompute of every layer, which re-runs each
+    layer's forward in its backward (a third of its compute): at least 15% more."""
+    recipe = with_parallel(HANDBOOK, pp=4)
+    costs = costs_from_flops(recipe.model, recipe.parallel)
+    layout = Layout.parse("Et*5|t*6|t*5|mL", 4)
+    problem = Problem.of(recipe, costs, SearchSpec(32), PlanOptions(top=1, samples=8))
+    selective = ["--recompute-granularity", "selective", "--recompute-modules"]
+    full = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    steps = [
+        score_given(layout, replace(problem, memory=memory_settings(flags))).noise_free_ms
+        for flags in (
+            [],
+            [*selective, "core_attn", "moe_act"],
+            [*full, "--recompute-num-layers", "1"],
+        )
+    ]
+    assert steps[0] < steps[1] < steps[2]
+    assert steps[2] >= 1.15 * steps[0]

@@ -7,12 +7,20 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from search.evaluate import monte_carlo, score, standard_normals
+from ray_layout.model.costs import costs_from_flops, stage_compute_ms
+from ray_layout.model.hf_config import load_hf_config
+from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import memory_settings
+from search.cost_model import build_cost_model
+from search.evaluate import monte_carlo, score, stage_times, standard_normals
 from search.pipeline_ops import ScheduleShape
 from search.schedule import compile_schedule
 from search.simulator import simulate, stage_durations
 from search.space import LayoutSpace
 from tests.helpers.planner_fixtures import UNITS, toy_cost_model
+
+V3_RUN = load_hf_config("tests/data/hf/DeepSeek-V3/config.json", seq_length=1024)
+V3 = V3_RUN.model
 
 
 def counts_of(space: LayoutSpace, cuts: list[tuple[int, ...]]) -> np.ndarray:
@@ -86,3 +94,26 @@ def test_memory_adds_logits_on_last_rank_and_copies_for_standalone_mtp():
     assert alone_score.memory_bytes[0, 2] / gib == pytest.approx(expected_rank2)
     unpenalised = score(program, replace(model, mtp_standalone_factor=1.0), alone)
     assert alone_score.noise_free_ms[0] == pytest.approx(1.12 * unpenalised.noise_free_ms[0])
+
+
+@pytest.mark.parametrize("layers", [0, 1, 2, 3])
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_block_recompute_re_runs_each_stages_own_first_layers_as_the_rank_rule_does(layers, vpp):
+    """The batch's block recomputation and block saving follow each flat stage's first layers
+    in model order, as ``stage_compute_ms`` walks a stage's units: a dense layer between MoE
+    ones is counted where it sits, not first."""
+    pattern = (False, True, True, False, True, False, True, True)
+    model = replace(V3, num_layers=8, moe_layer_pattern=pattern, moe_layer_experts=())
+    parallel = replace(V3_RUN.parallel, pp=2, vpp=vpp)
+    costs = costs_from_flops(model, parallel)
+    block = ["--recompute-granularity", "full", "--recompute-method", "block"]
+    settings = memory_settings([*block, "--recompute-num-layers", str(layers)])
+    cost_model = build_cost_model(model, parallel, costs, 8, settings=settings)
+    space = LayoutSpace.of(model, parallel)
+    cuts = np.concatenate(list(space.cut_blocks()))
+    _, backward = stage_times(cost_model, space.unit_counts(cuts, cost_model.units, pattern))
+    for row, cut in enumerate(cuts):
+        layout = Layout.parse(space.layout_string(cut), 2)
+        _, expected = stage_compute_ms(costs, model, layout.stages, settings)
+        assert backward[row] == pytest.approx(expected), layout
+    assert cost_model.block_layers == layers

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.bounds import item_sums
 from search.evaluate import score
 from search.incumbent import allowed, downhill, seed_cuts, transfers
+from search.item_sums import item_sums
 from search.space import LayoutSpace
 from tests.helpers.planner_fixtures import toy_case, toy_cost_model
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from search.bounds import item_sums
 from search.evaluate import stage_times, tail_ms
+from search.item_sums import item_sums
 from search.paths import PathCut, combine, critical_paths, least_completions
 from search.pipeline_ops import ScheduleShape
 from search.relaxation import relax

@@ -1,0 +1,124 @@
+"""``plan``'s layout x recompute search: when the job's own recompute setting fits no layout, or
+when asked (``--recompute auto``), every setting real jobs use is planned with the layout
+(``search.recompute_search``) and the report names each candidate's setting and its price."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ray_layout.model.memory_settings import MemorySettings
+from search.planner import Plan, Problem, score_given
+from search.ranking import Candidate
+from search.recompute_search import JointPlan, SettingPlan, joint_plan
+
+ASKED = "asked (--recompute auto)"
+
+
+def nothing_fits(problem: Problem) -> str:
+    """Why the joint search runs without being asked."""
+    own = short_name(problem.memory.recompute_flags())
+    return (
+        f"the job's own recompute setting ({own}) fits no layout in {problem.options.hbm_gib:g} GiB"
+    )
+
+
+def short_name(flags: tuple[str, ...] | list[str]) -> str:
+    """A recompute setting in a table cell: ``none``, ``selective core_attn,moe_act``,
+    ``full uniform 1``, ``full block 2``."""
+    words = list(flags)
+    if not words:
+        return "none"
+    if words[1] == "selective":
+        return "selective " + ",".join(words[words.index("--recompute-modules") + 1 :])
+    return f"full {words[3]} {words[5]}"
+
+
+def recompute_price(candidate: Candidate, problem: Problem) -> float:
+    """How much longer the candidate's step is than its layout's without recomputation."""
+    if not candidate.recompute:
+        return 0.0
+    plain = replace(problem, memory=problem.memory.without_recompute())
+    return candidate.mean_ms / score_given(candidate.layout, plain).mean_ms - 1.0
+
+
+def joint_search(
+    problem: Problem,
+    why: str,
+    progress: Callable[[str], None] | None = None,
+    map_shards: Any = None,
+) -> tuple[Plan, dict[str, Any]]:
+    """The joint search as a plan (the job's own setting's baselines, every setting's candidates)
+    and the report's ``recompute_search`` section."""
+    found = joint_plan(problem, progress, map_shards)
+    job = _job_plan(found, problem.memory)
+    peaks = [t.plan.smallest_peak_gib for t in found.tried if t.plan is not None]
+    merged = replace(job, candidates=found.candidates, ties=(), smallest_peak_gib=min(peaks))
+    return merged, {
+        "why": why,
+        "job_recompute": list(problem.memory.recompute_flags()),
+        "tried": [_tried_row(tried) for tried in found.tried],
+        "bound_ms": found.bound_ms if found.candidates else None,
+        "gap": found.gap if found.candidates else None,
+    }
+
+
+def _job_plan(found: JointPlan, job: MemorySettings) -> Plan:
+    """The plan under the job's own setting: its baselines are what the user runs today."""
+    return next(t.plan for t in found.tried if t.settings == job and t.plan is not None)
+
+
+def _tried_row(tried: SettingPlan) -> dict[str, Any]:
+    best = min((c.mean_ms for c in tried.plan.candidates), default=None) if tried.plan else None
+    return {
+        "recompute": list(tried.flags),
+        "planned": tried.plan is not None,
+        "fitting": len(tried.plan.candidates) if tried.plan else 0,
+        "best_mean_ms": best,
+        "bound_ms": tried.bound_ms if math.isfinite(tried.bound_ms) else None,  # None: none fit
+        "complete": bool(tried.plan and tried.plan.complete),
+    }
+
+
+def print_recompute_search(report: dict[str, Any], console: Console) -> None:
+    """What the joint search tried, each setting's best fitting step, and its gap."""
+    section = report["recompute_search"]
+    table = Table(title=f"layout x recompute ({section['why']})")
+    for column in ("recompute", "fitting", "best mean ms", "no layout faster than"):
+        table.add_column(column, justify="left" if column == "recompute" else "right")
+    for row in section["tried"]:
+        best = row["best_mean_ms"]
+        shown = "skipped" if not row["planned"] else "-" if best is None else f"{best:,.1f}"
+        bound = row["bound_ms"]
+        floor = "nothing fits" if bound is None else f"{bound:,.1f} ms"
+        table.add_row(short_name(row["recompute"]), str(row["fitting"]), shown, floor)
+    console.print(table)
+    if not all(row["planned"] for row in section["tried"]):
+        console.print(
+            "skipped: no layout under the setting can beat the pick (its ideal step, all compute "
+            "spread evenly with no bubble, is slower)",
+            highlight=False,
+        )
+    if section["gap"] is not None:
+        console.print(
+            f"no layout x recompute pair that fits is faster than {section['bound_ms']:,.1f} ms: "
+            f"the pick is within {section['gap']:.1%} of the optimum",
+            highlight=False,
+        )
+
+
+def paste_flags(report: dict[str, Any]) -> str:
+    """The pick's layout flag, and its recompute flags where they are not the job's (they
+    replace the job's own)."""
+    best = report["candidates"][0]
+    flags = f'--pipeline-model-parallel-layout "{best["layout"]}"'
+    if best["recompute"] != report["job_recompute"]:
+        instead = " ".join(report["job_recompute"])
+        flags += " " + (" ".join(best["recompute"]) or "(and no recompute flags)")
+        flags += f" (in place of {instead})" if instead else ""
+    return flags

@@ -1,0 +1,91 @@
+"""Layout and recomputation searched together: the settings tried, the pick against planning
+every setting in full, what a skipped setting proves, and the model zoo's DeepSeek-V3 in 80 GiB
+without its recompute flags."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from itertools import pairwise
+
+import pytest
+
+from ray_layout.model.costs import costs_from_flops, load_costs
+from ray_layout.model.hf_config import load_hf_config
+from ray_layout.model.memory_settings import memory_settings, with_recompute
+from ray_layout.model.spec import load_recipe_file, with_parallel
+from search.planner import PlanOptions, Problem, SearchSpec, plan, score_given
+from search.recompute_search import joint_plan, recompute_options
+
+HANDBOOK = with_parallel(load_recipe_file("configs/handbook_7b_a1b.yaml"), pp=4)
+COSTS = load_costs("configs/costs/handbook_h200_example.json")
+V3 = load_hf_config("tests/data/hf/DeepSeek-V3/config.json", seq_length=4096).model
+
+
+def handbook(hbm_gib: float | None, *flags: str) -> Problem:
+    recipe = replace(HANDBOOK, megatron_args=(*HANDBOOK.megatron_args, *flags))
+    options = PlanOptions(top=3, samples=8, hbm_gib=hbm_gib)
+    return Problem.of(recipe, COSTS, SearchSpec(num_microbatches=32), options)
+
+
+def test_the_settings_go_from_none_through_selective_and_block_to_full_uniform():
+    job = memory_settings(["--recompute-granularity", "selective", "--recompute-modules", "mlp"])
+    options = recompute_options(V3, job, stages=16)
+    assert options[0].recompute_granularity is None and options[1] == job
+    selective = [o.selective for o in options if o.recompute_granularity == "selective"][1:]
+    assert selective[0] == {"layernorm", "moe_act", "mla_up_proj"}
+    assert all(a < b for a, b in pairwise(selective))  # ever more
+    assert "moe" in selective[-1] and "shared_experts" in selective[-1]
+    blocks = [o.recompute_num_layers for o in options if o.recompute_method == "block"]
+    assert blocks == [1, 2, 3, 4]  # up to ceil(61 / 16) layers of each chunk
+    assert options[-1].recompute_method == "uniform" and options[-1].recompute_num_layers == 1
+    assert len(set(options)) == len(options)
+    for settings in options:  # every setting is a command line Megatron reads back the same
+        assert memory_settings(with_recompute(["--bf16"], settings)) == settings
+
+
+@pytest.mark.parametrize("hbm_gib", [30.0, 34.0, None])
+def test_the_pick_is_the_fastest_fitting_pair_of_every_setting_planned_in_full(hbm_gib):
+    problem = handbook(hbm_gib)
+    found = joint_plan(problem)
+    best = {}
+    for settings in recompute_options(problem.model, problem.memory, 4):
+        fitting = plan(replace(problem, memory=settings)).candidates
+        best[settings.recompute_flags()] = min((c.mean_ms for c in fitting), default=math.inf)
+    pick = found.candidates[0]
+    assert pick.mean_ms == pytest.approx(min(best.values()))
+    assert best[pick.recompute] == pytest.approx(pick.mean_ms)
+    assert found.pick is not None and found.pick.flags == pick.recompute
+    assert found.gap == 0.0  # each setting's space is enumerated: the pick is proven
+    for tried in found.tried:  # a skipped setting's floor proves it cannot beat the pick
+        assert tried.plan is not None or tried.floor_ms >= pick.noise_free_ms
+        assert tried.floor_ms <= best[tried.flags] + 1e-6
+    layouts = [str(c.layout) for c in found.candidates]
+    assert len(set(layouts)) == len(layouts)  # each layout once, at its fastest setting
+    if hbm_gib is None:
+        assert pick.recompute == ()  # nothing to fit: recomputing only costs
+
+
+def test_nothing_fits_under_any_setting_is_an_empty_pick_with_each_setting_tried():
+    found = joint_plan(handbook(12.0))
+    assert found.candidates == () and found.pick is None and found.gap == 0.0
+    assert all(t.plan is not None and not t.plan.candidates for t in found.tried)
+
+
+@pytest.mark.slow
+def test_the_zoos_deepseek_v3_without_its_recompute_flags_fits_80_gib_with_a_priced_setting():
+    """The model zoo's DeepSeek-V3 H100 recipe without its recompute flags overflows 80 GiB at
+    every layout; the joint search picks a layout and a setting that fit, and the pick's step is
+    above the same layout's without recomputation."""
+    zoo = load_recipe_file("configs/deepseek_v3_zoo_h100.yaml")
+    plain = memory_settings(zoo.megatron_args).without_recompute()
+    recipe = replace(zoo, megatron_args=with_recompute(zoo.megatron_args, plain))
+    assert recipe.flags.memory.recompute_granularity is None
+    costs = costs_from_flops(recipe.model, recipe.parallel)
+    problem = Problem.of(recipe, costs, SearchSpec(128), PlanOptions(top=3, hbm_gib=80.0))
+    found = joint_plan(problem)
+    pick = found.candidates[0]
+    assert pick.fits and pick.peak_memory_gib <= 80.0 and pick.recompute
+    without = score_given(pick.layout, replace(problem, memory=plain))
+    assert without.peak_memory_gib > 80.0 and pick.mean_ms > without.mean_ms
+    assert found.tried[0].plan is not None and not found.tried[0].plan.candidates
