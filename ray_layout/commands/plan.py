@@ -348,7 +348,7 @@ def _sweep_vpp(settings: PlanSettings, recipe: Recipe, costs: UnitCosts) -> dict
         rows.append(
             {"vpp": vpp, "best": best, "schedule": report["schedule"], "method": report["method"]}
         )
-    return {"sweep": rows}
+    return {"sweep": rows, "job_recompute": list(recipe.flags.memory.recompute_flags())}
 
 
 def _print_sweep(report: dict[str, Any], console: Console, title: str) -> None:
@@ -364,7 +364,10 @@ def _print_sweep(report: dict[str, Any], console: Console, title: str) -> None:
             table.add_row(str(row["vpp"]), skipped, "", *[""] * len(columns))
             continue
         table.add_row(
-            str(row["vpp"]), best["layout"], f"{best['mean_ms']:,.1f}", *_speedups(best, columns)
+            str(row["vpp"]),
+            _layout_cell(best, report["job_recompute"]),
+            f"{best['mean_ms']:,.1f}",
+            *_speedups(best, columns),
         )
     console.print(table)
 
