@@ -31,6 +31,7 @@ from ray_layout.model.files import read_mapping
 from ray_layout.model.fork_fields import check_fork_fields
 from ray_layout.model.job_flags import JobFlags, job_flags
 from ray_layout.model.megatron_args import UnresolvedArgument
+from ray_layout.model.memory_settings import SOURCE
 from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
 from ray_layout.model.split import PipelineSplit
 
@@ -117,6 +118,14 @@ class Recipe:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flags", job_flags(self.megatron_args))
+        memory = self.flags.memory
+        uniform = memory.recompute_method == "uniform"
+        if self.model.mtp_num_layers and uniform and memory.recompute_num_layers != 1:
+            raise ConfigError(  # multi_token_prediction.py asserts it in the MTP layer's forward
+                f"{SOURCE}: --recompute-num-layers {memory.recompute_num_layers} with "
+                "--recompute-method uniform and MTP: megatron-core asserts "
+                "'recompute_num_layers must be 1 for MTP recompute'"
+            )
 
 
 # The ModelSpec fields a loader gives as they are (the table's entries; the rest are derived).

@@ -5,6 +5,7 @@ come twice, a value too long to quote whole); what build_recipe works out (top-k
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -186,3 +187,14 @@ def test_a_moe_model_routes_to_megatrons_top_k_unless_given_and_a_dense_one_has_
         build_recipe(base | {"moe_router_topk": 2}, source="t")
     with pytest.raises(ConfigError, match="moe_router_topk 0 must be between 1 and num_experts 4"):
         build_recipe(base | {"num_experts": 4, "moe_router_topk": 0}, source="t")
+
+
+def test_uniform_recompute_of_more_than_one_layer_with_mtp_is_refused_as_megatron_core_asserts():
+    recipe = load_recipe_file("configs/tiny_moe_mtp.yaml")
+    uniform = ["--recompute-granularity", "full", "--recompute-method", "uniform"]
+    with pytest.raises(ConfigError, match="'recompute_num_layers must be 1 for MTP recompute'"):
+        replace(recipe, megatron_args=(*uniform, "--recompute-num-layers", "2"))
+    one = replace(recipe, megatron_args=(*uniform, "--recompute-num-layers", "1"))
+    assert one.flags.memory.recompute_num_layers == 1
+    dense = replace(recipe, model=replace(recipe.model, mtp_num_layers=0))
+    assert replace(dense, megatron_args=(*uniform, "--recompute-num-layers", "2")).flags
