@@ -28,10 +28,13 @@ says.
   posted, as with NCCL), so bubbles and waits emerge from real concurrency; each tensor carries
   its micro-batch and stage, and a compute whose input has not arrived is an error;
 - compute sleeps for each unit's cost in the hardware profile (never FLOP ratios) with per-op
-  lognormal jitter; a transfer sleeps the profile's intra- or inter-node time on the sender; an
-  MTP-standalone layout adds ``mtp_standalone_extra`` to the MTP rank's compute; the step tail
-  sleeps in proportion to the rank's parameters (gradient sync, with a real all-reduce over the
-  DP group, then the optimizer); every sleep is multiplied by the profile's ``time_scale``;
+  lognormal jitter; a backward also sleeps the forward work the recompute flags re-run
+  (``--recompute-granularity`` and its method, layers and modules), priced as the planner prices
+  it (``ray_layout.model.recompute_cost``); a transfer sleeps the profile's intra- or inter-node
+  time on the sender; an MTP-standalone layout adds ``mtp_standalone_extra`` to the MTP rank's
+  compute; the step tail sleeps in proportion to the rank's parameters (gradient sync, with a
+  real all-reduce over the DP group, then the optimizer); every sleep is multiplied by the
+  profile's ``time_scale``;
 - level-1 timers start with a world barrier, as under Megatron's default
   ``--barrier-with-level-1-timing``, so every step starts together;
 - memory: the rank's peak from ``search.memory`` with the profile's calibration and the

@@ -1,6 +1,8 @@
 """What one emulated rank costs: its chunks' compute, its step tail and its peak memory.
 
-Compute comes from the hardware profile's unit costs, never from FLOP ratios.  Peak memory is
+Compute comes from the hardware profile's unit costs, never from FLOP ratios; a backward also
+re-runs the forward work the job's recompute flags cover, priced by the rule the planner uses
+(``ray_layout.model.recompute_cost``), as a GPU's backward would.  Peak memory is
 the planner's memory model (``search.memory``) under the profile's calibration, with the
 micro-batches in flight counted on this emulator's own order of work: the model is shared
 because it is what a profile's memory numbers mean (``memory_calibration``, overhead); the
@@ -30,7 +32,7 @@ class RankCosts:
     """One PP rank's emulated milliseconds (before jitter and time scale) and memory."""
 
     forward_ms: tuple[float, ...]  # one micro-batch through each of the rank's chunks
-    backward_ms: tuple[float, ...]
+    backward_ms: tuple[float, ...]  # recomputation included
     grad_sync_ms: float
     optimizer_ms: float
     memory: StageMemory
@@ -48,7 +50,7 @@ def rank_costs(
     """Compute, step tail and peak memory of PP rank ``pp_rank`` under ``costs``; ``programs``
     are every PP rank's order of work (default: computed here, see ``pipeline_programs``)."""
     layout, pp = config.layout, config.parallel.pp
-    forward, backward = stage_compute_ms(costs, config.model, layout.stages)
+    forward, backward = stage_compute_ms(costs, config.model, layout.stages, config.memory)
     holds_mtp = MTP in "".join(layout.rank_chunks(pp_rank))
     factor = costs.mtp_standalone_factor if layout.mtp_standalone and holds_mtp else 1.0
     stage = stage_sizes(config.model, config.parallel, layout.stages)[pp_rank]

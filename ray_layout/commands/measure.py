@@ -227,6 +227,7 @@ def run_fit(settings: FitSettings, console: Console) -> None:
         "units": list(result.columns),
         "forward_ms": dict(result.costs.forward_ms),
         "backward_ms": dict(result.costs.backward_ms),
+        "recompute_ms": dict(result.recompute_ms),
         "jitter_cv": dict(result.costs.jitter_cv),
         "residuals": result.residuals,
         "warnings": list(result.warnings),
@@ -239,15 +240,25 @@ def run_fit(settings: FitSettings, console: Console) -> None:
 
 
 def _print_fit(report: dict[str, Any], console: Console, runs: int) -> None:
+    """The unit costs; where the runs recomputed, what their backward re-ran beside the backward
+    without it that the costs keep."""
     table = Table(title=f"unit costs per micro-batch, fitted from {runs} runs")
-    for column in ("unit", "forward ms", "backward ms", "jitter CV"):
-        table.add_column(column, justify="right")
     forward, backward, jitter = report["forward_ms"], report["backward_ms"], report["jitter_cv"]
+    recomputed = report["recompute_ms"]
+    columns = ("unit", "forward ms", "backward ms", *(("recomputed ms",) if recomputed else ()))
+    for column in (*columns, "jitter CV"):
+        table.add_column(column, justify="right")
     for unit in forward:
-        table.add_row(
-            unit, f"{forward[unit]:.3f}", f"{backward[unit]:.3f}", f"{jitter.get(unit, 0.0):.3f}"
-        )
+        redone = (f"{recomputed.get(unit, 0.0):.3f}",) if recomputed else ()
+        jitter_cv = f"{jitter.get(unit, 0.0):.3f}"
+        table.add_row(unit, f"{forward[unit]:.3f}", f"{backward[unit]:.3f}", *redone, jitter_cv)
     console.print(table)
+    if recomputed:
+        console.print(
+            "backward ms is without recomputation (a plan adds its job's); the runs' backward "
+            "also re-ran recomputed ms",
+            highlight=False,
+        )
     for name, errors in report["residuals"].items():
         console.print(
             f"{name}: residual per PP rank " + " ".join(f"{e:+.1%}" for e in errors),

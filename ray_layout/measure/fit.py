@@ -1,11 +1,16 @@
 """Per-unit costs from Megatron's per-rank timers: non-negative least squares over the profiling
 runs' design rows, weighted by each rank's timer spread (see ``design``), then the step tail
 (``step_fit``), p2p, jitter and memory calibration; every solver call is bounded (``solvers``).
+
+A backward timer holds what the runs' recompute flags re-ran; unit costs hold a backward without
+it (every consumer adds its own job's, ``recompute_cost``), so the fit takes it out: forward
+first, then each rank's recomputation priced from that forward, subtracted before the backward
+is solved for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -18,10 +23,17 @@ from ray_layout.measure.memory_fit import MemoryFit, fit_memory, memory_costs
 from ray_layout.measure.observations import RunObservation
 from ray_layout.measure.solvers import bounded_nnls, require_finite
 from ray_layout.measure.step_fit import step_overheads, step_tail
-from ray_layout.model.costs import UnitCosts, costs_from_flops, provenance, within_bounds
+from ray_layout.model.costs import (
+    UnitCosts,
+    costs_from_flops,
+    provenance,
+    stage_units,
+    within_bounds,
+)
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
 from ray_layout.model.memory_settings import PLAIN, MemorySettings
+from ray_layout.model.recompute_cost import RecomputeShares, recompute_shares, stage_recompute_ms
 from ray_layout.model.sizing import LOSS, MTP
 from ray_layout.model.spec import ParallelConfig
 from search.cost_model import inter_node_links
@@ -48,6 +60,9 @@ class FitResult:
     p2p_latency_ms: float = 0.0  # added to every transfer so that simulated steps match
     step_errors: dict[str, float] = field(default_factory=dict)  # run -> simulated/measured - 1
     suggested_layouts: dict[str, str] = field(default_factory=dict)  # run -> what its timers show
+    # per unit, the forward a backward re-ran under the runs' recompute flags, taken out of the
+    # fitted backward (for a block-recomputed layer: one among its chunk's first); none: none
+    recompute_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def max_residual(self) -> float:
@@ -97,13 +112,10 @@ def fit_costs(
     if gpus_per_node is not None:
         base = replace(base, gpus_per_node=gpus_per_node)
     columns = unit_columns(model, any(run.layout.mtp_standalone for run in runs))
-    fwd, bwd = _fit_compute(model, runs, columns)
-    fitted_f, fitted_b = dict(zip(columns, fwd, strict=True)), dict(zip(columns, bwd, strict=True))
-    forward_ms = _expand_pair(fitted_f, base.forward_ms)
-    backward_ms = _expand_pair(fitted_b, base.backward_ms)
-    residuals, suggested, warnings = _judge_residuals(
-        model, runs, columns, fwd + bwd, base, accept_residuals
-    )
+    compute = _fit_compute(model, runs, columns, base, recompute_shares(model, memory))
+    fitted_f = dict(zip(columns, compute.forward, strict=True))
+    fitted_b = dict(zip(columns, compute.backward, strict=True))
+    residuals, suggested, warnings = _judge_residuals(runs, compute, accept_residuals)
     warnings = [*taken, *warnings]
     if sum(run.layout.pp for run in runs) <= len(columns):
         warnings.append(
@@ -119,16 +131,16 @@ def fit_costs(
     found = fit_memory(model, parallel, runs, base, memory)
     costs = replace(
         base,
-        forward_ms=forward_ms,
-        backward_ms=backward_ms,
-        jitter_cv=_jitter(model, runs, columns, fwd + bwd),
+        forward_ms=compute.per_unit(compute.forward, base.forward_ms),
+        backward_ms=compute.per_unit(compute.backward, base.backward_ms),
+        jitter_cv=_jitter(runs, compute),
         **memory_costs(found, base),
         source="fit",
         **provenance(model, parallel),
         **step_tail(model, parallel, runs),
         **_p2p(runs, base, parallel),
     )
-    latency, fixed, step_errors, overlapping = step_overheads(model, parallel, costs, runs)
+    latency, fixed, step_errors, overlapping = step_overheads(model, parallel, costs, runs, memory)
     warnings += overlapping
     costs = replace(
         costs,
@@ -140,26 +152,31 @@ def fit_costs(
     warned = (*warnings, *clipped)
     shown = {name: str(layout) for name, layout in suggested.items()}
     return FitResult(
-        costs, columns, fitted_f, fitted_b, residuals, warned, found, latency, step_errors, shown
+        costs,
+        columns,
+        fitted_f,
+        fitted_b,
+        residuals,
+        warned,
+        found,
+        latency,
+        step_errors,
+        shown,
+        compute.recomputed(),
     )
 
 
 def _judge_residuals(
-    model: ModelSpec,
-    runs: Sequence[RunObservation],
-    columns: Sequence[str],
-    unit_ms: np.ndarray,
-    base: UnitCosts,
-    accept: bool,
+    runs: Sequence[RunObservation], compute: _Compute, accept: bool
 ) -> tuple[dict[str, list[float]], dict[str, Layout], list[str]]:
     """Each run's residuals per PP rank, the layouts suspect runs' timers show, and warnings;
     raises when a rank is off by more than RESIDUAL_BOUND, unless ``accept``."""
-    residuals = {run.name: _residuals(model, run, columns, unit_ms) for run in runs}
+    residuals = {run.name: _residuals(run, compute) for run in runs}
     off = {
         name: [(rank, e) for rank, e in enumerate(errors) if abs(e) > RESIDUAL_WARNING]
         for name, errors in residuals.items()
     }
-    suggested = _suggested_layouts(model, runs, columns, residuals, base)
+    suggested = _suggested_layouts(runs, compute, residuals)
     refused = {n: [(r, e) for r, e in ranks if abs(e) > RESIDUAL_BOUND] for n, ranks in off.items()}
     if any(refused.values()) and not accept:
         raise MeasurementError(_residual_refusal(refused, suggested))
@@ -183,24 +200,95 @@ def _judge_residuals(
     return residuals, suggested, warnings
 
 
+@dataclass(frozen=True)
+class _Compute:
+    """Fitted ms per column, the backward without recomputation, and what the runs' backward
+    re-ran on top: their recompute ``shares`` of each unit's forward."""
+
+    model: ModelSpec
+    columns: tuple[str, ...]
+    forward: np.ndarray  # (columns,)
+    backward: np.ndarray  # (columns,)
+    base: UnitCosts  # what splits m + L where only their sum was measured
+    shares: RecomputeShares
+
+    def per_unit(self, fitted: np.ndarray, flops: Mapping[str, float]) -> dict[str, float]:
+        return _expand_pair(dict(zip(self.columns, fitted, strict=True)), flops)
+
+    def recompute_ms(self, layout: Layout) -> np.ndarray:
+        """(PP,) what one micro-batch's backward re-runs on each rank, over its chunks."""
+        forward = self.per_unit(self.forward, self.base.forward_ms)
+        units = stage_units(self.model, layout.stages)
+        stages = [stage_recompute_ms(stage, forward, self.shares) for stage in units]
+        return np.array(stages).reshape(layout.vpp, layout.pp).sum(axis=0)
+
+    def rank_ms(self, layout: Layout) -> np.ndarray:
+        """(PP,) forward + backward ms per micro-batch of each rank as its timers measure them,
+        recomputation included."""
+        rows = design_rows(self.model, layout, self.columns)
+        return rows @ (self.forward + self.backward) + self.recompute_ms(layout)
+
+    def every_ms(self, units: Sequence[str]) -> np.ndarray:
+        """(units,) what every copy of each unit (or m + L) re-runs, block recompute aside."""
+        forward = self.per_unit(self.forward, self.base.forward_ms)
+        parts = [(MTP, LOSS) if unit == PAIR else (unit,) for unit in units]
+        return np.array([sum(forward[u] * self.shares.every.get(u, 0.0) for u in p) for p in parts])
+
+    def recomputed(self) -> dict[str, float]:
+        """Per unit, the forward one recomputed copy re-runs (a block-recomputed layer: one of
+        its chunk's first); none where nothing is."""
+        forward = self.per_unit(self.forward, self.base.forward_ms)
+        block = self.shares.block if self.shares.block_layers else {}
+        every = dict(zip(forward, self.every_ms(list(forward)), strict=True))
+        found = {u: every[u] + ms * block.get(u, 0.0) for u, ms in forward.items()}
+        return {u: ms for u, ms in found.items() if ms > 0}
+
+    def unit_ms(self) -> dict[str, float]:
+        """Forward + backward ms per unit, with what every copy of it re-runs."""
+        forward = self.per_unit(self.forward, self.base.forward_ms)
+        backward = self.per_unit(self.backward, self.base.backward_ms)
+        every = dict(zip(forward, self.every_ms(list(forward)), strict=True))
+        return {u: forward[u] + backward[u] + every[u] for u in forward}
+
+
 def _fit_compute(
-    model: ModelSpec, runs: Sequence[RunObservation], columns: Sequence[str]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Forward and backward ms per unit: NNLS over every steady interval and PP rank, each rank
+    model: ModelSpec,
+    runs: Sequence[RunObservation],
+    columns: Sequence[str],
+    base: UnitCosts,
+    shares: RecomputeShares,
+) -> _Compute:
+    """Forward, then backward ms per unit: NNLS over every steady interval and PP rank, each rank
     weighted by the inverse of its timer's spread (``design.timer_spread`` of its mean), as the
     profile design assumes: a unit alone on a light rank is taken from there, not from the
-    noise of the heavy ranks it also sits on (1 ms of E beside 40 ms of layers)."""
-    found = []
-    for timer, what in (("forward_ms", "forward-compute"), ("backward_ms", "backward-compute")):
-        rows, values = [], []
-        for run in runs:
-            per_batch = getattr(run, timer) / run.num_microbatches  # (intervals, PP)
-            spread = timer_spread(per_batch.mean(axis=0))
-            design = design_rows(model, run.layout, columns) / spread[:, None]
-            rows.append(np.tile(design, (per_batch.shape[0], 1)))
-            values.append((per_batch / spread).ravel())
-        found.append(_solve(np.concatenate(rows), np.concatenate(values), columns, what))
-    return found[0], found[1]
+    noise of the heavy ranks it also sits on (1 ms of E beside 40 ms of layers).  Each rank's
+    backward timer holds what the runs' recompute flags re-ran (``shares``), priced from the
+    fitted forward and taken out before the backward is solved for."""
+    none = [np.zeros(run.layout.pp) for run in runs]
+    forward = _fit_timer(model, runs, columns, "forward_ms", none)
+    compute = _Compute(model, tuple(columns), forward, np.zeros(len(columns)), base, shares)
+    recomputed = [compute.recompute_ms(run.layout) for run in runs]
+    backward = _fit_timer(model, runs, columns, "backward_ms", recomputed)
+    return replace(compute, backward=backward)
+
+
+def _fit_timer(
+    model: ModelSpec,
+    runs: Sequence[RunObservation],
+    columns: Sequence[str],
+    timer: str,
+    known: Sequence[np.ndarray],
+) -> np.ndarray:
+    """One compute timer's ms per column, less what is ``known`` of each run's ranks (PP,)."""
+    rows, values = [], []
+    for run, taken in zip(runs, known, strict=True):
+        per_batch = getattr(run, timer) / run.num_microbatches  # (intervals, PP)
+        spread = timer_spread(per_batch.mean(axis=0))
+        design = design_rows(model, run.layout, columns) / spread[:, None]
+        rows.append(np.tile(design, (per_batch.shape[0], 1)))
+        values.append(((per_batch - taken) / spread).ravel())
+    what = timer.removesuffix("_ms") + "-compute"
+    return _solve(np.concatenate(rows), np.concatenate(values), columns, what)
 
 
 def _stage_ms(run: RunObservation) -> np.ndarray:
@@ -208,50 +296,43 @@ def _stage_ms(run: RunObservation) -> np.ndarray:
     return (run.forward_ms + run.backward_ms).mean(axis=0) / run.num_microbatches
 
 
-def _residuals(
-    model: ModelSpec, run: RunObservation, columns: Sequence[str], unit_ms: np.ndarray
-) -> list[float]:
-    """Each PP rank's fitted minus measured compute, relative to the measured compute, or to
-    RESIDUAL_FLOOR of the run's busiest rank where less: a rank of little more than the
-    embedding computes for microseconds, no yardstick for a fit."""
-    predicted = design_rows(model, run.layout, columns) @ unit_ms
+def _residuals(run: RunObservation, compute: _Compute) -> list[float]:
+    """Each PP rank's fitted minus measured compute (recomputation in both), relative to the
+    measured compute, or to RESIDUAL_FLOOR of the run's busiest rank where less: a rank of
+    little more than the embedding computes for microseconds, no yardstick for a fit."""
+    predicted = compute.rank_ms(run.layout)
     measured = _stage_ms(run)
     scale = np.maximum(measured, max(RESIDUAL_FLOOR * measured.max(), 1e-9))
     return ((predicted - measured) / scale).tolist()
 
 
 def _suggested_layouts(
-    model: ModelSpec,
-    runs: Sequence[RunObservation],
-    columns: Sequence[str],
-    residuals: dict[str, list[float]],
-    base: UnitCosts,
+    runs: Sequence[RunObservation], compute: _Compute, residuals: dict[str, list[float]]
 ) -> dict[str, Layout]:
     """Runs declared as a layout they did not run, and the one their timers show.
 
     A run is suspect when the fit misses it by more than RESIDUAL_WARNING while the other runs
     agree without it (they identify every unit and stay within RESIDUAL_WARNING); the layout
     its timers show under the others' costs is suggested when it is another and explains the
-    run within RESIDUAL_WARNING.  With two runs that disagree either may be the wrong one."""
-    found = {}
+    run within RESIDUAL_WARNING.  With two runs that disagree either may be the wrong one.  The
+    search prices each unit with what every copy of it re-runs; block recomputation, which
+    depends on where a chunk starts, is left to the check of the layout found."""
+    model, columns, found = compute.model, compute.columns, {}
     for index, run in enumerate(runs):
         others = [*runs[:index], *runs[index + 1 :]]
         if max(map(abs, residuals[run.name])) <= RESIDUAL_WARNING or not others:
             continue
         try:
-            fwd, bwd = _fit_compute(model, others, columns)
+            theirs = _fit_compute(model, others, columns, compute.base, compute.shares)
         except MeasurementError:
             continue  # the others alone cannot say what the units cost
-        rest = [e for other in others for e in _residuals(model, other, columns, fwd + bwd)]
+        rest = [e for other in others for e in _residuals(other, theirs)]
         if max(map(abs, rest)) > RESIDUAL_WARNING:
             continue  # without this run the others still disagree: not (only) this run
-        forward = _expand_pair(dict(zip(columns, fwd, strict=True)), base.forward_ms)
-        backward = _expand_pair(dict(zip(columns, bwd, strict=True)), base.backward_ms)
-        unit_ms = {unit: forward[unit] + backward[unit] for unit in forward}
-        layout = suggest_layout(model, run.layout, _stage_ms(run), unit_ms)
+        layout = suggest_layout(model, run.layout, _stage_ms(run), theirs.unit_ms())
         if layout is None or layout.stages == run.layout.stages:
             continue
-        explained = _residuals(model, replace(run, layout=layout), columns, fwd + bwd)
+        explained = _residuals(replace(run, layout=layout), theirs)
         if max(map(abs, explained)) <= RESIDUAL_WARNING:
             found[run.name] = layout
     return found
@@ -283,12 +364,13 @@ def _expand_pair(fitted: dict[str, float], flops: dict[str, float]) -> dict[str,
     return costs
 
 
-def _jitter(
-    model: ModelSpec, runs: Sequence[RunObservation], columns: Sequence[str], costs: np.ndarray
-) -> dict[str, float]:
+def _jitter(runs: Sequence[RunObservation], compute: _Compute) -> dict[str, float]:
     """Per-op coefficient of variation per unit from interval-to-interval spread: an interval's
     per-micro-batch time averages M ops, so an op's variance is M times the interval's; a rank's
-    op variance is the sum of its units' (cv_u x cost_u)^2."""
+    op variance is the sum of its units' (cv_u x cost_u)^2, the cost with what every copy
+    re-runs, as the simulator spreads a recomputing backward."""
+    model, columns = compute.model, compute.columns
+    costs = compute.forward + compute.backward + compute.every_ms(columns)
     rows, variances = [], []
     for run in runs:
         if run.forward_ms.shape[0] < 2:

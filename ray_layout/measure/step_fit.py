@@ -14,21 +14,29 @@ from ray_layout.measure.solvers import bounded_minimum
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import PLAIN, MemorySettings
 from ray_layout.model.sizing import stage_sizes
 from ray_layout.model.spec import ParallelConfig
 from search.planner import PlanOptions, Problem, SearchSpec, score_given
 
 
 def simulated_step_ms(
-    model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, run: RunObservation
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    costs: UnitCosts,
+    run: RunObservation,
+    memory: MemorySettings = PLAIN,
 ) -> float:
-    """The step the planner predicts for a run's layout and micro-batches: the mean over its
-    Monte Carlo jitter, as every prediction the tune makes.  Per-op jitter lengthens the mean
-    step beyond the noise-free one (the critical path takes the slower of its branches), so a
-    fixed tail fitted against the noise-free step would count that twice."""
+    """The step the planner predicts for a run's layout and micro-batches, with the
+    recomputation of the run's ``memory`` flags: the mean over its Monte Carlo jitter, as every
+    prediction the tune makes.  Per-op jitter lengthens the mean step beyond the noise-free one
+    (the critical path takes the slower of its branches), so a fixed tail fitted against the
+    noise-free step would count that twice."""
     spec, options = SearchSpec(num_microbatches=run.num_microbatches), PlanOptions()
     run_parallel = replace(parallel, pp=run.layout.pp, vpp=run.layout.vpp)
-    problem = Problem(model, run_parallel, costs, spec, options, p2p_overlap=run.overlapped_p2p)
+    problem = Problem(
+        model, run_parallel, costs, spec, options, memory=memory, p2p_overlap=run.overlapped_p2p
+    )
     return score_given(run.layout, problem).mean_ms
 
 
@@ -39,11 +47,16 @@ STEP_NOISE_FLOOR = 1e-4
 
 
 def step_overheads(
-    model: ModelSpec, parallel: ParallelConfig, costs: UnitCosts, runs: Sequence[RunObservation]
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    costs: UnitCosts,
+    runs: Sequence[RunObservation],
+    memory: MemorySettings = PLAIN,
 ) -> tuple[float, float, dict[str, float], list[str]]:
     """What the timers miss of the measured steps: a per-transfer latency (ms, >= 0), a fixed
     per-step tail (ms, >= 0), each run's remaining error and a warning where the runs cannot
-    tell the two apart.
+    tell the two apart.  The steps are simulated with what the runs' ``memory`` flags
+    recompute, which the costs' backward leaves out and the runs' steps paid.
 
     The fastest p2p call the timers saw is the bare transfer; a typical call also pays launch
     and synchronisation costs that no timer isolates (the emulator's Python and gloo overhead,
@@ -65,7 +78,7 @@ def step_overheads(
             p2p_inter_node_ms=costs.p2p_inter_node_ms + latency,
             tail_fixed_ms=fixed,
         )
-        return np.array([simulated_step_ms(model, parallel, shifted, run) for run in timed])
+        return np.array([simulated_step_ms(model, parallel, shifted, run, memory) for run in timed])
 
     bare = simulated(0.0)
     per_fixed = simulated(0.0, 1.0) - bare  # 1, or the MTP-standalone factor

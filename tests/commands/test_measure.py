@@ -4,6 +4,8 @@ made elsewhere, into the store) and ``fit`` (unit costs from the runs)."""
 from __future__ import annotations
 
 import json
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,9 @@ from ray_layout.measure.store import CostStore
 from ray_layout.model.costs import load_costs
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
+from ray_layout.model.memory_settings import memory_settings
+from search.cost_model import build_cost_model
+from tests.helpers import synthetic_runs
 from tests.helpers.commands_cli import COSTS, HANDBOOK, run_json
 from tests.helpers.measure_runs import HANDBOOK_DESIGN
 from tests.helpers.megatron_layout_oracle import megatron_verdict
@@ -23,7 +28,11 @@ LAYOUTS = ("Et*3|t*7|t*6m|L", "Et|t*15|m|L")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> list[str]:
     """``--run LAYOUT=PATH`` words of two logged runs of the handbook with the example costs."""
-    folder = tmp_path_factory.mktemp("logs")
+    return logged_runs(tmp_path_factory.mktemp("logs"))
+
+
+def logged_runs(folder: Path) -> list[str]:
+    """The ``runs`` fixture's logs, written to ``folder``."""
     recipe, truth = load_recipe(HANDBOOK), load_costs(COSTS)
     words = []
     for seed, text in enumerate(LAYOUTS):
@@ -140,3 +149,25 @@ def test_fit_shows_predicted_against_measured_memory_per_stage(capsys, runs, tmp
     assert main(["fit", HANDBOOK, *runs, "-o", str(tmp_path / "again.json")]) == 0
     shown = capsys.readouterr().out
     assert "peak allocated per PP rank" in shown and "fitted error" in shown
+
+
+def test_fit_of_recomputing_runs_shows_what_it_took_out_of_the_backward(
+    capsys, monkeypatch, tmp_path
+):
+    """Runs of a config that recomputes every layer: the costs keep the plain backward, and the
+    report says per unit what the runs' backward re-ran on top."""
+    flags = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+    config = tmp_path / "handbook_full_recompute.yaml"
+    config.write_text(Path(HANDBOOK).read_text() + f"megatron_args: [{', '.join(flags.split())}]\n")
+    recomputing = partial(build_cost_model, settings=memory_settings(flags.split()))
+    monkeypatch.setattr(synthetic_runs, "build_cost_model", recomputing)
+    words = logged_runs(tmp_path)
+    report = run_json(capsys, "fit", str(config), *words, "-o", str(tmp_path / "costs.json"))
+    truth = load_costs(COSTS)
+    for unit in ("t", "m"):
+        assert report["backward_ms"][unit] == pytest.approx(truth.backward_ms[unit], rel=0.02)
+        assert report["recompute_ms"][unit] == pytest.approx(truth.forward_ms[unit], rel=0.02)
+    assert set(report["recompute_ms"]) == {"t", "m"}  # the embedding and the loss are not
+    assert main(["fit", str(config), *words, "-o", str(tmp_path / "again.json")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "recomputed ms" in out and "backward ms is without recomputation" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -10,8 +11,13 @@ import pytest
 from ray_layout.errors import MeasurementError
 from ray_layout.measure.design import PAIR, design_rows, profile_design, unit_columns
 from ray_layout.measure.fit import fit_costs
+from ray_layout.measure.observations import RunObservation
 from ray_layout.model.costs import costs_from_flops
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import MemorySettings, memory_settings
+from ray_layout.model.recompute_cost import recompute_shares
+from search.cost_model import build_cost_model
+from tests.helpers import synthetic_runs
 from tests.helpers.measure_runs import (
     APART,
     HANDBOOK,
@@ -209,3 +215,59 @@ def test_a_run_declared_with_a_layout_one_layer_off_is_refused_not_warned():
     runs = [*runs[:2], wrong]
     accepted = fit_costs(HANDBOOK.model, HANDBOOK.parallel, runs, accept_residuals=True)
     assert accepted.suggested_layouts == {"wrong": "Et*5|t*6|t*5|mL"}
+
+
+# --- runs that recompute --------------------------------------------------------------------
+
+RECOMPUTING = {
+    "full uniform": "--recompute-granularity full --recompute-method uniform"
+    " --recompute-num-layers 1",
+    "full block": "--recompute-granularity full --recompute-method block --recompute-num-layers 2",
+    "selective": "--recompute-granularity selective --recompute-modules core_attn moe_act",
+}
+INTERLEAVED = ("Ett|t*2|t*2|t*2|t*2|t*2|t*2|tmL", "E|t*3|t*2|t*2|t*2|t*2|t*2|t*3mL")
+
+
+def observe_recomputing(
+    monkeypatch: pytest.MonkeyPatch, settings: MemorySettings, texts: tuple[str, ...]
+) -> list[RunObservation]:
+    """Noisy runs whose backward re-ran what ``settings`` recompute: ``synthetic_log`` times
+    them on a cost model built under those settings, as the planner prices such a job."""
+    recomputing = partial(build_cost_model, settings=settings)
+    monkeypatch.setattr(synthetic_runs, "build_cost_model", recomputing)
+    return observe(texts, noise_cv=0.02, iterations=10)
+
+
+@pytest.mark.parametrize(
+    ("setting", "texts"),
+    [
+        *((name, ("Et*3|t*7|t*6m|L", "Et|t*15|m|L")) for name in RECOMPUTING),
+        ("full block", INTERLEAVED),  # each chunk's own first layers
+    ],
+)
+def test_the_runs_recomputation_is_taken_out_of_the_backward(monkeypatch, setting, texts):
+    """Told the runs' recompute flags, the fit gives back the plain backward the runs were made
+    from, and says per unit what it took out; not told, it keeps the recomputation in."""
+    settings = memory_settings(RECOMPUTING[setting].split())
+    runs = observe_recomputing(monkeypatch, settings, texts)
+    model, parallel = HANDBOOK.model, HANDBOOK.parallel
+    result = fit_costs(model, parallel, runs, memory=settings)
+    units = ("t", "m", "L") if "m" in result.columns else ("t",)
+    for unit in units:  # E is 1 ms: its share of a stage is below the noise
+        assert result.costs.forward_ms[unit] == pytest.approx(TRUTH.forward_ms[unit], rel=0.02)
+        assert result.costs.backward_ms[unit] == pytest.approx(TRUTH.backward_ms[unit], rel=0.02)
+    assert result.max_residual < 0.02
+    shares = recompute_shares(model, settings)
+    share = shares.every.get("t", 0.0) + shares.block.get("t", 0.0)
+    assert result.recompute_ms["t"] == pytest.approx(share * TRUTH.forward_ms["t"], rel=0.02)
+    assert ("m" in result.recompute_ms) is (setting != "full block")  # MTP: not under block
+    assert "L" not in result.recompute_ms and "E" not in result.recompute_ms
+
+    untold = fit_costs(model, parallel, runs, accept_residuals=True)
+    assert untold.recompute_ms == {}
+    assert untold.costs.backward_ms["t"] > 1.04 * TRUTH.backward_ms["t"]
+
+
+def test_a_plain_fit_takes_nothing_out():
+    result = fit_costs(HANDBOOK.model, HANDBOOK.parallel, observe(QUICKSTART))
+    assert result.recompute_ms == {}

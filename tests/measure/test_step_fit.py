@@ -4,6 +4,7 @@ latency, a fixed tail, or both where other micro-batch counts tell them apart.""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -11,8 +12,11 @@ import pytest
 from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.logs import parse_log
 from ray_layout.measure.observations import observation_from_log
-from ray_layout.measure.step_fit import simulated_step_ms, step_tail
+from ray_layout.measure.step_fit import simulated_step_ms, step_overheads, step_tail
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import memory_settings
+from search.cost_model import build_cost_model
+from tests.helpers import synthetic_runs
 from tests.helpers.measure_runs import (
     APART,
     HANDBOOK,
@@ -142,3 +146,28 @@ def test_the_step_tail_timers_scale_with_the_parameters_a_gpu_holds():
     assert step_tail(HANDBOOK.model, HANDBOOK.parallel, bare) == {}
     one = step_tail(HANDBOOK.model, HANDBOOK.parallel, [bare[0], runs[1]])
     assert one == pytest.approx(found, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+        "--recompute-granularity full --recompute-method block --recompute-num-layers 2",
+        "--recompute-granularity selective --recompute-modules core_attn moe_act",
+    ],
+)
+def test_recomputing_runs_steps_are_simulated_recomputing(monkeypatch, flags):
+    """The costs' backward leaves the runs' recomputation out, their steps paid it: simulated
+    with the runs' flags the steps need no latency or tail; simulated plain, a latency the data
+    does not have made up the difference."""
+    settings = memory_settings(flags.split())
+    monkeypatch.setattr(
+        synthetic_runs, "build_cost_model", partial(build_cost_model, settings=settings)
+    )
+    runs = observe_on(TRUTH, microbatches=APART)
+    model, parallel = HANDBOOK.model, HANDBOOK.parallel
+    result = fit_costs(model, parallel, runs, memory=settings)
+    assert result.p2p_latency_ms == 0.0 and result.costs.tail_fixed_ms < 0.01
+    assert all(abs(e) < 0.001 for e in result.step_errors.values())
+    latency, fixed, _, _ = step_overheads(model, parallel, result.costs, runs)
+    assert latency + fixed > 1.0
