@@ -44,9 +44,9 @@ from launchers.emulated.rank_costs import RankCosts, rank_costs  # noqa: E402
 from launchers.megatron import MegatronRunSettings  # noqa: E402
 from ray_layout.measure.design import PAIR, profile_design  # noqa: E402
 from ray_layout.measure.fit import fit_costs  # noqa: E402
-from ray_layout.measure.step_fit import simulated_step_ms  # noqa: E402
 from ray_layout.measure.logs import parse_log  # noqa: E402
 from ray_layout.measure.observations import observation_from_log  # noqa: E402
+from ray_layout.measure.step_fit import simulated_step_ms  # noqa: E402
 from ray_layout.model.costs import costs_from_flops  # noqa: E402
 from ray_layout.model.layout import Layout  # noqa: E402
 from ray_layout.model.spec import Recipe, load_recipe_file, with_parallel  # noqa: E402
