@@ -46,6 +46,7 @@ from ray_layout.ab.vocabulary import ABAction, ArmRole, StopReason
 from ray_layout.measure.logs import parse_iteration_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import MemorySettings, memory_settings
 from ray_layout.runtime.failures import FINISHED, STOPPED, FailureClass
 from ray_layout.runtime.layout_runs import LayoutRun, ProfiledRun
 from ray_layout.runtime.run_spec import Watch
@@ -55,7 +56,8 @@ GIB_PER_MB = 1 / 1024
 
 @dataclass(frozen=True)
 class Arm:
-    """One layout of the test and what the search predicted for it."""
+    """One layout of the test, the recomputation it runs with (a candidate's from the search,
+    a baseline's the job's own) and what the search predicted for it."""
 
     name: str  # "candidate-1", ..., "current", "default", "count-based"
     layout: Layout
@@ -64,6 +66,12 @@ class Arm:
     predicted_memory_gib: tuple[float, ...]
     critical_stages: int | None = None  # predicted ranks near the bottleneck (the tie-break's)
     predicted_cv: float = 0.0  # predicted spread of one step over its mean (the fitted jitter)
+    recompute: tuple[str, ...] = ()  # its Megatron recompute flags (empty: no recomputation)
+
+    @property
+    def recompute_settings(self) -> MemorySettings:
+        """The recomputation the arm runs, as the memory model and the runs take it."""
+        return memory_settings(self.recompute)
 
 
 @dataclass(frozen=True)
@@ -97,8 +105,11 @@ class ABOutcome:
 
 
 def test_id(arms: Sequence[Arm], config: ABConfig, extra: str = "") -> str:
-    """Digest of the arms and the settings: the same test asked again finds its decisions."""
-    text = json.dumps([[a.name, str(a.layout)] for a in arms] + [asdict(config), extra])
+    """Digest of the arms (with their recompute flags) and the settings: the same test asked
+    again finds its decisions."""
+    text = json.dumps(
+        [[a.name, str(a.layout), *a.recompute] for a in arms] + [asdict(config), extra]
+    )
     return "ab-" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -345,9 +356,16 @@ class LiveTest:
 
 
 def arm_runs(test: LiveTest, test_key: str) -> list[LayoutRun]:
-    """The runs of the test's arms, each watched by the test, in the arms' order."""
+    """The runs of the test's arms, each watched by the test and running its recomputation, in
+    the arms' order."""
     return [
-        LayoutRun(arm.layout, kind="ab", source=f"{test_key}:{name}", watch=test.watch(name))
+        LayoutRun(
+            arm.layout,
+            kind="ab",
+            source=f"{test_key}:{name}",
+            watch=test.watch(name),
+            recompute=arm.recompute_settings,
+        )
         for name, arm in test.arms.items()
     ]
 

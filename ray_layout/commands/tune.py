@@ -132,6 +132,14 @@ def run(flags: TuneFlags, console: Console, cancel: threading.Event) -> None:
         comment = comment_line(f"tune, study {summary.study}", layout, value, str(role), basis)
         write_tuned_script(flags, flags.write_script, layout, comment)
         console.print(f"wrote {flags.write_script}", highlight=False)
+        if summary.recompute != summary.job_recompute:  # the script gets the split alone
+            pick = " ".join(summary.recompute) or "no recomputation"
+            console.print(
+                f"{flags.write_script} keeps your job's recompute flags: change them to {pick}",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,  # the flags stay on one line
+            )
     if flags.as_json:
         report_dir = str(settings.report_dir)
         print(
@@ -139,6 +147,7 @@ def run(flags: TuneFlags, console: Console, cancel: threading.Event) -> None:
                 {
                     "pick": str(summary.pick),
                     "flags": list(summary.flags),
+                    "recompute": list(summary.recompute),
                     "study": summary.study,
                     "report_dir": report_dir,
                 }

@@ -78,6 +78,7 @@ def _use_this(summary: TuneSummary) -> list[Block]:
             )
         ),
         CodeBlock(paste_line(summary), "bash"),
+        *_recompute(summary),
     ]
     arm = pick_arm(summary)
     predicted = predicted_ms(arm, summary, PICK)
@@ -90,6 +91,21 @@ def _use_this(summary: TuneSummary) -> list[Block]:
         text = f"Step time of the pick: predicted {show_ms(predicted)} ms (not measured)."
     blocks.append(Para((text,)))
     return blocks
+
+
+def _recompute(summary: TuneSummary) -> list[Block]:
+    """Where the pick recomputes otherwise than the job: what the user changes besides pasting."""
+    pick, job = summary.recompute, summary.job_recompute
+    if pick == job:
+        return []
+    runs: Parts = ("runs ", Code(" ".join(pick))) if pick else ("runs without recomputation",)
+    today: Parts = (
+        ("; take out your job's own recompute flags, ", Code(" ".join(job)), ", first")
+        if job
+        else ()
+    )
+    carried = ", which the flags above carry" if pick else ""
+    return [Para(("Recomputation: the pick ", *runs, carried, *today, "."))]
 
 
 def _header(summary: TuneSummary) -> list[Block]:
@@ -127,14 +143,17 @@ def _results(summary: TuneSummary) -> list[Block]:
         blocks.append(Para(("No layout was taken to the A/B.",)))
         return blocks
     accuracy = prediction_accuracy(summary.arms)
+    recomputing = any(arm.recompute for arm in summary.arms)  # a column only where one does
     rows = []
     for arm in summary.arms:
         name: Parts = (arm.arm, " ", Strong("(pick)")) if arm is pick_arm(summary) else (arm.arm,)
+        flags = Code(" ".join(arm.recompute)) if arm.recompute else "none"
         rows.append(
             (
                 name,
                 arm.role,
                 Code(arm.layout),
+                *((flags,) if recomputing else ()),
                 show_ms(arm.predicted_ms),
                 show_measured(arm),
                 show_signed_pct(accuracy.errors.get(arm.arm)),
@@ -148,6 +167,7 @@ def _results(summary: TuneSummary) -> list[Block]:
                 "Arm",
                 "Role",
                 "Layout",
+                *(("Recompute",) if recomputing else ()),
                 "Predicted ms",
                 "Measured ms ± CI",
                 "Error",
@@ -155,7 +175,7 @@ def _results(summary: TuneSummary) -> list[Block]:
                 "Reason",
             ),
             tuple(rows),
-            (False, False, False, True, True, True, False, False),
+            (False, False, False, *(False,) * recomputing, True, True, True, False, False),
         )
     )
     blocks.append(Para(("Error is predicted / measured − 1; the ± is half the CI's width.",)))

@@ -41,6 +41,7 @@ class ArmOutcome:
     measured_memory_gib: tuple[float, ...] | None  # measured max allocated per PP rank
     gpu_seconds: float
     steps_ms: tuple[float, ...] = ()  # per-iteration step times (warm-up included)
+    recompute: tuple[str, ...] = ()  # the Megatron recompute flags it ran with (none: empty)
 
     @property
     def role(self) -> str:
@@ -84,6 +85,8 @@ class TuneSummary:
     gpu_seconds_full: float  # profiling + every A/B arm run to its end
     phase_seconds: Mapping[str, float]  # wall seconds per phase
     notes: tuple[str, ...] = ()
+    recompute: tuple[str, ...] = ()  # the pick's recompute flags (in ``flags`` where new)
+    job_recompute: tuple[str, ...] = ()  # the recompute flags the user's job runs today
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""The tune's last words on the terminal: the pick, the flags to paste, its step time, the
-speedups, the GPU time early stopping saved, and where the report is."""
+"""The tune's last words on the terminal: the pick, the flags to paste (and its recomputation
+where it is not the job's), its step time, the speedups, the GPU time early stopping saved, and
+where the report is."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def print_summary(summary: TuneSummary, console: Console, files: ReportFiles | N
 
     say(("Pick ", "bold"), (summary.pick, "bold cyan"), f", from {summary.pick_source}")
     say("Paste: ", (paste_line(summary), "bold"), soft_wrap=True)
+    if summary.recompute != summary.job_recompute:
+        job = " ".join(summary.job_recompute) or "none"
+        say("Recompute: ", (" ".join(summary.recompute) or "none", "bold"), f" (your job: {job})")
     arm = pick_arm(summary)
     predicted = predicted_ms(arm, summary, PICK)
     if arm is not None and is_measured(arm):

@@ -29,6 +29,7 @@ from ray_layout.measure.declared import check_log
 from ray_layout.measure.ingest import Ingested, run_rows
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import MemorySettings, with_recompute
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import CANCELLED, FINISHED, STOPPED
 from ray_layout.runtime.outputs import run_log
@@ -123,12 +124,14 @@ def run_id(kind: str, command: Sequence[str], exported: Sequence[tuple[str, str]
 @dataclass(frozen=True)
 class LayoutRun:
     """One layout to run: ``kind`` names the run ("profile", "ab") in its id and in the store's
-    ``source`` column (``source`` overrides); ``watch`` follows it live (a ``Watch``)."""
+    ``source`` column (``source`` overrides); ``watch`` follows it live (a ``Watch``);
+    ``recompute`` is the recomputation it runs (None: the job's own flags)."""
 
     layout: Layout
     kind: str = "profile"
     source: str | None = None
     watch: Watch | None = None
+    recompute: MemorySettings | None = None
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,7 @@ def run_layouts(
 
     for index, run in enumerate(runs):
         layout = run.layout
-        run_recipe = layout_recipe(recipe, layout)
+        run_recipe = recompute_recipe(layout_recipe(recipe, layout), run.recompute)
         command, env = rank_command(backend, run_recipe, layout, options.settings)
         spec = RunSpec(
             run_id=run_id(run.kind, command, recipe.environment),
@@ -235,6 +238,15 @@ def run_layouts(
 def layout_recipe(recipe: Recipe, layout: Layout) -> Recipe:
     """The recipe as a run of ``layout`` has it: the layout's PP and VPP."""
     return replace(recipe, parallel=replace(recipe.parallel, pp=layout.pp, vpp=layout.vpp))
+
+
+def recompute_recipe(recipe: Recipe, settings: MemorySettings | None) -> Recipe:
+    """The recipe running ``settings``' recomputation: its Megatron flags rewritten where the
+    recomputation differs from the job's own, so the ranks' command lines carry it (and the
+    run's id changes with them); the job's own, or None, leaves the flags as the user wrote them."""
+    if settings is None or settings.recompute_flags() == recipe.flags.memory.recompute_flags():
+        return recipe
+    return replace(recipe, megatron_args=with_recompute(recipe.megatron_args, settings))
 
 
 def stored_outcome(store: CostStore, spec: RunSpec) -> RunResult | None:

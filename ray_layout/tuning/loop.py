@@ -41,6 +41,7 @@ from ray_layout.tuning.phases import (
     profile,
     search,
 )
+from ray_layout.tuning.recompute_choice import setting_name
 from ray_layout.tuning.refit import refit, refit_all_to_all
 from ray_layout.tuning.settings import TuneSettings
 from ray_layout.tuning.summarize import profile_gpu_seconds, refit_note, summarize
@@ -88,6 +89,8 @@ def run_tune(
             phases.say(line)
     with phases.phase("search", "simulate every layout Megatron accepts"):
         searched = search(recipe, first.costs, settings, cpus=cluster_cpus(), progress=phases.say)
+        if searched.recompute:
+            phases.say(searched.recompute)
         phases.say(_search_line(searched))
     arms = choose_arms(searched.found, settings.options.ab_top)
     ab = NO_AB
@@ -95,6 +98,8 @@ def run_tune(
         with phases.phase("A/B", "the top layouts and the baselines, live, early-stopped"):
             ab = ab_test(live, arms, cluster_gpus=cluster_gpus())
     notes = list(unmodelled)
+    if searched.recompute:
+        notes.append(searched.recompute)
     combined = recipe.flags.ep_overlap.on
     if combined:
         notes.append(PROFILED_WITHOUT_EP_OVERLAP)
@@ -176,8 +181,9 @@ def _fit_lines(first: FitResult) -> list[str]:
 def _search_line(searched: Searched) -> str:
     found, best = searched.found, searched.found.candidates[0]
     where = f" on {searched.spec.shards} Ray tasks" if searched.spec.shards > 1 else ""
+    recompute = f" with {setting_name(best.recompute)}" if searched.recompute else ""
     return (
         f"{found.scored:,} layouts simulated ({found.schedule}, {found.method}){where} in "
         f"{searched.seconds:.1f} s; "
-        f"best {best.layout} at {best.mean_ms:,.1f} ms"
+        f"best {best.layout}{recompute} at {best.mean_ms:,.1f} ms"
     )

@@ -47,8 +47,9 @@ from ray_layout.runtime.layout_runs import (
 from ray_layout.runtime.megatron_help_probe import ClusterFlags, cluster_flag_table
 from ray_layout.runtime.sharding import ray_map_shards
 from ray_layout.tuning.display import Phases
+from ray_layout.tuning.recompute_choice import recompute_search, setting_name
 from ray_layout.tuning.settings import TuneSettings
-from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
+from search.planner import Plan, PlanOptions, Problem, SearchSpec
 from search.ranking import Candidate
 from search.space import LayoutSpace
 
@@ -58,12 +59,14 @@ P90_SDS = 1.2816  # a normal's 90th percentile in standard deviations above its 
 
 @dataclass(frozen=True)
 class Searched:
-    """The search's ranking and the settings it scored under (the report scores with them too)."""
+    """The search's ranking and the settings it scored under (the report scores with them too);
+    ``recompute`` says why it searched layout x recompute (empty: the job's own setting alone)."""
 
     found: Plan
     spec: SearchSpec
     options: PlanOptions
     seconds: float
+    recompute: str = ""
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,8 @@ def search(
     cpus: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> Searched:
-    """Every layout, simulated (or the space searched exactly); spaces over ``SHARD_ABOVE``
+    """Every layout, simulated (or the space searched exactly), under the job's own recompute
+    setting or with every setting (``tuning.recompute_choice``); spaces over ``SHARD_ABOVE``
     layouts are split over up to ``cpus`` Ray tasks of the cluster the tune runs on (the same
     top as one process, tested in tests/runtime/test_sharding.py)."""
     model, parallel, tune = recipe.model, recipe.parallel, settings.options
@@ -236,32 +240,42 @@ def search(
     )
     started = time.monotonic()
     map_shards = ray_map_shards if spec.shards > 1 else None
-    found = plan(Problem.of(recipe, costs, spec, options), progress, map_shards)
-    return Searched(found, spec, options, time.monotonic() - started)
+    problem = Problem.of(recipe, costs, spec, options)
+    found, why = recompute_search(problem, tune.recompute, progress, map_shards)
+    return Searched(found, spec, options, time.monotonic() - started, why)
 
 
 def _arm(name: str, c: Candidate, role: ArmRole) -> Arm:
-    """An arm with what the search predicted of it: its step, memory, critical stages (the
-    tie-break's) and the spread of its step from the fitted jitter (its p90 over its mean)."""
+    """An arm with the recompute flags it was simulated with and what the search predicted of
+    it: its step, memory, critical stages (the tie-break's) and the spread of its step from the
+    fitted jitter (its p90 over its mean)."""
     spread = (c.p90_ms - c.mean_ms) / (P90_SDS * c.mean_ms) if c.mean_ms > 0 else 0.0
     return Arm(
-        name, c.layout, (role,), c.mean_ms, c.memory_gib, c.near_bottleneck, max(spread, 0.0)
+        name,
+        c.layout,
+        (role,),
+        c.mean_ms,
+        c.memory_gib,
+        c.near_bottleneck,
+        max(spread, 0.0),
+        c.recompute,
     )
 
 
 def choose_arms(found: Plan, top: int) -> list[Arm]:
-    """The top ``top`` layouts that fit, then the baselines (the config's current layout where it
-    has one, Megatron's default, the count-based rule), each layout once: a layout that is a
-    candidate or an earlier baseline too keeps the first arm's name and adds its role, so the
-    report still finds every baseline."""
+    """The top ``top`` layouts that fit, each with the recompute setting it was ranked under,
+    then the baselines under the job's own flags (the config's current layout where it has
+    one, Megatron's default, the count-based rule), each pair of layout and setting once: one
+    that is a candidate or an earlier baseline too keeps the first arm's name and adds its
+    role, so the report still finds every baseline."""
     fitting = [c for c in found.candidates if c.fits][:top]
     arms = [_arm(f"candidate-{index}", c, ArmRole.CANDIDATE) for index, c in enumerate(fitting, 1)]
     for baseline in found.baselines:
         c, role = baseline.candidate, ArmRole.of(baseline.name)
         if c is None:
             continue
-        layout = c.layout
-        same = next((i for i, arm in enumerate(arms) if arm.layout == layout), None)
+        pair = (c.layout, c.recompute)
+        same = next((i for i, arm in enumerate(arms) if (arm.layout, arm.recompute) == pair), None)
         if same is None:
             arms.append(_arm(baseline.name.short, c, role))
         else:
@@ -292,9 +306,8 @@ def ab_test(live: LiveRuns, arms: Sequence[Arm], *, cluster_gpus: int) -> ABOutc
         max_parallel=at_once,
     )
     with phases.bars() as bars:
-        tasks = {
-            arm.name: bars.add(f"{arm.name} {arm.layout}", config.max_iterations) for arm in arms
-        }
+        job = recipe.flags.memory.recompute_flags()
+        tasks = {arm.name: bars.add(arm_label(arm, job), config.max_iterations) for arm in arms}
         test = LiveTest(
             arms, config, tune.hbm_gib, lambda arm, steps: bars.update(tasks[arm], steps)
         )
@@ -332,8 +345,15 @@ def ab_test(live: LiveRuns, arms: Sequence[Arm], *, cluster_gpus: int) -> ABOutc
     for r in results:
         verdict = last.get(r.arm.name)
         said = f"{verdict.action}: {verdict.reason}" if verdict else "no decision"
-        phases.say(f"{r.arm.name} {r.arm.layout}: {len(r.trace.steps_ms)} iterations, {said}")
+        phases.say(f"{arm_label(r.arm, job)}: {len(r.trace.steps_ms)} iterations, {said}")
     return outcome
+
+
+def arm_label(arm: Arm, job: tuple[str, ...]) -> str:
+    """An arm as the console names it: its name and layout, and its recompute flags where they
+    are not the job's own (``job``)."""
+    label = f"{arm.name} {arm.layout}"
+    return label if arm.recompute == job else f"{label} ({setting_name(arm.recompute)})"
 
 
 def cluster_cpus() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ray_layout.ab.stats import ABConfig
 from ray_layout.measure.log_records import FIT_NEEDS, MIN_PROFILE_ITERATIONS
@@ -23,6 +24,13 @@ from ray_layout.options.checks import (
 from ray_layout.options.flag_fields import check_options, option
 from ray_layout.runtime.layout_runs import Backend
 from ray_layout.runtime.policy import RunPolicy
+
+RECOMPUTE_MODES = ("job", "auto")  # the choices of --recompute, as its type spells them
+
+
+def _recompute_mode(value: str) -> str | None:
+    """Options built in code are checked as the flag's choices are."""
+    return None if value in RECOMPUTE_MODES else f"must be job or auto, got {value!r}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +69,12 @@ class TuneOptions:
     samples: int = option(256, help="Monte Carlo samples", checks=[between(1, MAX_SAMPLES)])
     seed: int = option(0, checks=[at_least(0)])
     allow_standalone_mtp: bool = option(False)
+    recompute: Literal["job", "auto"] = option(
+        "job",
+        help="the recomputation searched: job (your flags' own; layout x recompute where it fits "
+        "no layout) or auto (layout x recompute: the fastest pair that fits)",
+        checks=[_recompute_mode],
+    )
 
     def __post_init__(self) -> None:
         check_options(self)

@@ -1,5 +1,6 @@
 """From what the phases found to the report's :class:`TuneSummary`: each arm's outcome, the GPU
-time, the notes the user must read (a refit that could not run, an A/B without a winner)."""
+time, the notes the user must read (a refit that could not run, an A/B without a winner, a pick
+that recomputes otherwise than the job)."""
 
 from __future__ import annotations
 
@@ -20,21 +21,22 @@ from ray_layout.model.spec import Recipe
 from ray_layout.report.summary import PICK, ArmOutcome, SearchFacts, TuneSummary
 from ray_layout.runtime.layout_runs import ProfiledRun
 from ray_layout.tuning.phases import Searched
-from ray_layout.tuning.refit import Refit, measured_arms
+from ray_layout.tuning.refit import Refit, arm_problem, measured_arms
 from ray_layout.tuning.settings import TuneSettings
 from search.planner import LayoutSimulation, Problem, score_given, simulate_given
 
 TIMELINE_BASELINES = (BaselineName.CURRENT, BaselineName.DEFAULT)  # drawn beside the pick
 
 
-def paste_flags(layout: Layout) -> tuple[str, ...]:
+def paste_flags(layout: Layout, recompute: Sequence[str] = ()) -> tuple[str, ...]:
     """What to add to the training command: the layout carries the VPP (Megatron derives the
-    virtual stages from it)."""
+    virtual stages from it), then the recompute flags where the pick's are not the job's."""
     return (
         "--pipeline-model-parallel-size",
         str(layout.pp),
         "--pipeline-model-parallel-layout",
         str(layout),
+        *recompute,
     )
 
 
@@ -73,6 +75,7 @@ def outcomes(ab: ABOutcome, config: ABConfig) -> tuple[ArmOutcome, ...]:
                 measured_memory_gib=r.memory_gib,
                 gpu_seconds=gpu_seconds([r.cost])[0],
                 steps_ms=tuple(r.trace.steps_ms),
+                recompute=r.arm.recompute,
             )
         )
     return tuple(rows)
@@ -94,6 +97,7 @@ def predicted_only(arms: Sequence[Arm]) -> tuple[ArmOutcome, ...]:
             predicted_memory_gib=a.predicted_memory_gib,
             measured_memory_gib=None,
             gpu_seconds=0.0,
+            recompute=a.recompute,
         )
         for a in arms
     )
@@ -102,25 +106,29 @@ def predicted_only(arms: Sequence[Arm]) -> tuple[ArmOutcome, ...]:
 def refit_note(
     recipe: Recipe, refined: Refit, ab: ABOutcome, searched: Searched, config: ABConfig
 ) -> str | None:
-    """How far the refined model's predictions are from what the A/B measured, or why there was
-    no refit (None: no A/B run to refit with)."""
-    if refined.skipped is not None:
-        return refined.skipped
-    if refined.result is None:
-        return None
-    problem = Problem.of(recipe, refined.result.costs, searched.spec, searched.options)
-    errors = [
-        abs(score_given(layout, problem).mean_ms / measured - 1)
-        for layout, measured in measured_arms(ab.results, config)
-    ]
-    if not errors:
-        return "refit: no arm measured"
-    worst, mean = 100 * max(errors), 100 * sum(errors) / len(errors)
-    fitted = f" ({refined.fitted})" if refined.fitted else ""
-    return (
-        f"refit with the A/B runs{fitted}: the refined cost model is within {worst:.1f}% of "
-        f"every measured arm (mean {mean:.1f}%); the next plan of this study uses it"
-    )
+    """How far the refined model's predictions are from what the A/B measured (each arm under
+    its own recomputation), or why there was no refit, and the runs it left out (None: no A/B
+    run to refit with)."""
+    said = [refined.skipped] if refined.skipped is not None else []
+    if refined.result is not None and refined.skipped is None:
+        costs = refined.result.costs
+        errors = [
+            abs(score_given(arm.layout, arm_problem(recipe, arm, costs, searched)).mean_ms / ms - 1)
+            for arm, ms in measured_arms(ab.results, config)
+        ]
+        if errors:
+            worst, mean = 100 * max(errors), 100 * sum(errors) / len(errors)
+            fitted = f" ({refined.fitted})" if refined.fitted else ""
+            said.append(
+                f"refit with the A/B runs{fitted}: the refined cost model is within "
+                f"{worst:.1f}% of every measured arm (mean {mean:.1f}%); the next plan of this "
+                "study uses it"
+            )
+        else:
+            said.append("refit: no arm measured")
+    if refined.left_out is not None:
+        said.append(refined.left_out)
+    return "; ".join(said) or None
 
 
 def profile_gpu_seconds(store: CostStore, study: str, profiled: Sequence[ProfiledRun]) -> float:
@@ -136,16 +144,31 @@ def profile_gpu_seconds(store: CostStore, study: str, profiled: Sequence[Profile
 
 
 def timelines(
-    recipe: Recipe, pick: Layout, searched: Searched, costs: UnitCosts
+    recipe: Recipe, pick: Arm, searched: Searched, costs: UnitCosts
 ) -> dict[str, LayoutSimulation]:
-    """The simulated steps the report draws: the pick's, then the config's current layout's (where
-    it has one) and Megatron's default split's, keyed by their role."""
-    shown = {PICK: pick}
+    """The simulated steps the report draws: the pick's (under its recomputation), then the
+    config's current layout's (where it has one) and Megatron's default split's, under the
+    job's own flags, keyed by their role."""
+    problem = Problem.of(recipe, costs, searched.spec, searched.options)
+    shown = {PICK: simulate_given(pick.layout, arm_problem(recipe, pick, costs, searched))}
     for b in searched.found.baselines:
         if b.name in TIMELINE_BASELINES and b.candidate is not None:
-            shown[ArmRole.of(b.name).value] = b.candidate.layout
-    problem = Problem.of(recipe, costs, searched.spec, searched.options)
-    return {name: simulate_given(layout, problem) for name, layout in shown.items()}
+            shown[ArmRole.of(b.name).value] = simulate_given(b.candidate.layout, problem)
+    return shown
+
+
+def recompute_note(job: Sequence[str], pick: Sequence[str]) -> str | None:
+    """What the user must change besides pasting the flags, where the pick recomputes otherwise
+    than the job (None: it does not)."""
+    if tuple(job) == tuple(pick):
+        return None
+    if not job:
+        return f"the pick recomputes ({' '.join(pick)}): the flags to paste carry it"
+    instead = f"and paste {' '.join(pick)}" if pick else "to run without recomputation"
+    return (
+        f"the pick recomputes otherwise than your job: take out your recompute flags "
+        f"({' '.join(job)}) {instead}"
+    )
 
 
 def summarize(
@@ -162,9 +185,11 @@ def summarize(
     phase_seconds: Mapping[str, float],
 ) -> TuneSummary:
     """Everything the report shows, costs from the first fit (the search's); the pick is the
-    A/B's winner, else the best prediction."""
+    A/B's winner, else the best prediction, with the recomputation it ran."""
     winner = ab.winner
-    pick = winner.arm.layout if winner else arms[0].layout
+    arm = winner.arm if winner else arms[0]
+    pick, job = arm.layout, recipe.flags.memory.recompute_flags()
+    changed = recompute_note(job, arm.recompute)
     parallel = recipe.parallel
     spent, full = gpu_seconds([r.cost for r in ab.results]) if ab.results else (0.0, 0.0)
     return TuneSummary(
@@ -177,11 +202,11 @@ def summarize(
         parallel=replace(parallel, vpp=pick.vpp).as_row(),
         hbm_gib=settings.options.hbm_gib,
         pick=str(pick),
-        flags=paste_flags(pick),
+        flags=paste_flags(pick, arm.recompute if changed else ()),
         pick_source="A/B test" if winner else "prediction (no A/B)",
         arms=outcomes(ab, settings.options.ab) if ab.results else predicted_only(arms),
         decisions=ab.decisions,
-        timelines=timelines(recipe, pick, searched, first.costs),
+        timelines=timelines(recipe, arm, searched, first.costs),
         unit_costs=first.costs,
         fit_warnings=tuple(first.warnings),
         search=SearchFacts(
@@ -194,5 +219,7 @@ def summarize(
         gpu_seconds_spent=profile_seconds + spent,
         gpu_seconds_full=profile_seconds + full,
         phase_seconds=dict(phase_seconds),
-        notes=tuple(notes),
+        notes=(*notes, *([changed] if changed else [])),
+        recompute=arm.recompute,
+        job_recompute=job,
     )

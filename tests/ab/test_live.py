@@ -16,13 +16,21 @@ import pytest
 
 from ray_layout.ab import live as live_ab
 from ray_layout.ab.cost import gpu_seconds
-from ray_layout.ab.live import Arm, LiveTest, memory_per_stage, stored_steps, write_decisions
+from ray_layout.ab.live import (
+    Arm,
+    LiveTest,
+    arm_runs,
+    memory_per_stage,
+    stored_steps,
+    write_decisions,
+)
 from ray_layout.ab.live import test_id as ab_test_id
 from ray_layout.ab.stats import ABConfig
 from ray_layout.ab.vocabulary import ArmRole, StopReason
 from ray_layout.measure.log_format import iteration_line, memory_line
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import PLAIN, memory_settings
 from ray_layout.runtime.failures import FINISHED, STOPPED
 from ray_layout.runtime.layout_runs import ProfiledRun
 from ray_layout.runtime.run_spec import RunResult
@@ -509,12 +517,30 @@ def test_test_id_is_stable_and_digests_arms_and_settings():
         ab_test_id(arms, replace(CONFIG, batch_size=4)),
         ab_test_id(arms, replace(CONFIG, margin=0.03)),
         ab_test_id(arms, CONFIG, extra="seq 8192"),
+        ab_test_id([replace(arms[0], recompute=SELECTIVE), arms[1]], CONFIG),
     ]
     assert key not in changed and len(set(changed)) == len(changed)
     # what the search predicted is no part of the test's identity
     assert key == ab_test_id(
         [replace(arms[0], predicted_ms=1.0, predicted_memory_gib=(1.0,)), arms[1]], CONFIG
     )
+
+
+SELECTIVE = ("--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe")
+
+
+def test_each_arm_runs_its_own_recomputation_and_is_watched_by_the_test():
+    arms = [replace(make_arm("fast"), recompute=SELECTIVE), make_arm("slow", role=ArmRole.DEFAULT)]
+    test = LiveTest(arms, CONFIG, HBM)
+    runs = arm_runs(test, "ab-key")
+    assert [(r.layout, r.kind, r.source) for r in runs] == [
+        (arms[0].layout, "ab", "ab-key:fast"),
+        (arms[1].layout, "ab", "ab-key:slow"),
+    ]
+    assert runs[0].recompute == memory_settings(SELECTIVE) == arms[0].recompute_settings
+    assert runs[0].recompute.recompute_flags() == SELECTIVE
+    assert runs[1].recompute == PLAIN  # no flags: no recomputation
+    assert runs[0].watch is not None and runs[0].watch("attempt-1", []) is None
 
 
 # --- stored runs -------------------------------------------------------------------------------

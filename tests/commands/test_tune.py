@@ -43,6 +43,13 @@ def test_an_ab_budget_past_the_iteration_bound_is_refused_with_its_sum():
     )
 
 
+def test_recompute_searches_the_jobs_own_setting_unless_asked_for_every_one():
+    assert flags_of(HANDBOOK).options.recompute == "job"
+    assert flags_of(HANDBOOK, "--recompute", "auto").options.recompute == "auto"
+    with pytest.raises(SystemExit):
+        flags_of(HANDBOOK, "--recompute", "always")
+
+
 def test_the_study_and_report_folder_follow_the_model_unless_given(tmp_path):
     recipe = load_recipe(HANDBOOK)
     flags = flags_of(HANDBOOK, "--store", str(tmp_path / "store"))
@@ -107,6 +114,7 @@ def test_json_prints_the_pick_its_flags_the_study_and_the_report(capsys, tuned, 
     assert json.loads(last) == {
         "pick": PICK,
         "flags": list(summary.flags),
+        "recompute": [],
         "study": summary.study,
         "report_dir": str(tmp_path),
     }
@@ -122,6 +130,31 @@ def test_write_script_hands_back_the_script_with_the_pick_and_what_it_measured(
     comment = out.read_text().splitlines()[1]
     assert comment.startswith(f"# ray_layout tune, study {handbook_summary().study}: ")
     assert f"--pipeline-model-parallel-layout {PICK}, measured " in comment
+    assert load_recipe(str(out)).split.layout == PICK
+
+
+SELECTIVE = ("--recompute-granularity", "selective", "--recompute-modules", "core_attn")
+
+
+def test_a_pick_that_recomputes_is_in_the_json_and_the_written_script_says_what_it_lacks(
+    capsys, monkeypatch, signals, tmp_path
+):
+    def tune_on_cluster(flags, console, cancel):
+        recipe = load_recipe(flags.config)
+        summary = replace(
+            handbook_summary(), flags=(*handbook_summary().flags, *SELECTIVE), recompute=SELECTIVE
+        )
+        return summary, recipe, tune_settings(flags, recipe, 4)
+
+    monkeypatch.setattr(tune, "tune_on_cluster", tune_on_cluster)
+    out = tmp_path / "tuned.sh"
+    assert main([SCRIPT, "--write-script", str(out), "--json"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert (
+        f"{out} keeps your job's recompute flags: change them to {' '.join(SELECTIVE)}" in printed
+    )
+    shown = json.loads(printed[-1])
+    assert shown["recompute"] == list(SELECTIVE) and shown["flags"][-4:] == list(SELECTIVE)
     assert load_recipe(str(out)).split.layout == PICK
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import re
 import shlex
 
-from ray_layout.report.document import Bullets, Heading, Para, Strong
+from ray_layout.report.document import Bullets, Code, Heading, Para, Strong, render_markdown
 from ray_layout.report.sections import build_document
 from ray_layout.report.summary import paste_line, prediction_accuracy
 from tests.helpers.report_summary import markdown_tables, no_ab
@@ -149,3 +149,52 @@ def test_an_unmeasured_pick_says_its_step_is_predicted_only(summary):
     measured = section(build_document(summary), "Use this")[-1].parts[0]
     assert measured.startswith("Step time of the pick: measured 6,310.0 ms (CI 6,295.0 to ")
     assert "40 steady iterations" in measured
+
+
+SELECTIVE = ("--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe")
+
+
+def recomputing(summary, job: tuple[str, ...] = ()):
+    """The summary of a layout x recompute search: the pick recomputes, the job as ``job``."""
+    pick = dataclasses.replace(summary.arms[0], recompute=SELECTIVE)
+    rest = tuple(dataclasses.replace(arm, recompute=job) for arm in summary.arms[1:])
+    return dataclasses.replace(
+        summary,
+        arms=(pick, *rest),
+        flags=(*summary.flags, *SELECTIVE),
+        recompute=SELECTIVE,
+        job_recompute=job,
+    )
+
+
+def test_each_arms_recompute_flags_are_a_column_where_any_arm_recomputes(summary):
+    plain = render_markdown(build_document(summary))
+    assert (
+        "Recompute" not in next(t for t in markdown_tables(plain) if t[0][:2] == ["Arm", "Role"])[0]
+    )
+    text = render_markdown(build_document(recomputing(summary)))
+    results = next(t for t in markdown_tables(text) if t[0][:2] == ["Arm", "Role"])
+    assert results[0][:5] == ["Arm", "Role", "Layout", "Recompute", "Predicted ms"]
+    assert [row[3] for row in results[2:]] == [f"`{' '.join(SELECTIVE)}`"] + ["none"] * 4
+    assert results[2][5] == "6,310.0 ± 15.0"  # the columns after it move along
+    assert f"```bash\n{shlex.join((*summary.flags, *SELECTIVE))}\n```" in text
+
+
+def test_the_pick_that_recomputes_otherwise_says_what_to_change_besides_pasting(summary):
+    assert not any("Recomputation" in str(b) for b in section(build_document(summary), "Use this"))
+    new = section(build_document(recomputing(summary)), "Use this")
+    assert new[2] == Para(
+        ("Recomputation: the pick ", "runs ", Code(" ".join(SELECTIVE)),
+         ", which the flags above carry", ".")
+    )  # fmt: skip
+    full = ("--recompute-granularity", "full", "--recompute-method", "uniform")
+    changed = section(build_document(recomputing(summary, full)), "Use this")
+    assert changed[2].parts[-4:] == (
+        "; take out your job's own recompute flags, ",
+        Code(" ".join(full)),
+        ", first",
+        ".",
+    )
+    dropped = dataclasses.replace(recomputing(summary, full), recompute=())
+    parts = section(build_document(dropped), "Use this")[2].parts
+    assert parts[:2] == ("Recomputation: the pick ", "runs without recomputation")

@@ -1,5 +1,6 @@
-"""The tune's last words on the terminal: the pick, the paste line whole, the step time, the
-speedups in order, the GPU time saved and where the report is."""
+"""The tune's last words on the terminal: the pick, the paste line whole (and the pick's
+recomputation where it is not the job's), the step time, the speedups in order, the GPU time
+saved and where the report is."""
 
 from __future__ import annotations
 
@@ -69,3 +70,17 @@ def test_what_is_missing_is_said_in_its_place(summary):
     )
     assert "GPU-seconds: 1,200 spent" in lines and not any("warning" in line for line in lines)
     assert "1 fit warning(s): see the report" in printed(summary)
+
+
+def test_a_pick_that_recomputes_otherwise_than_the_job_says_so_under_the_paste_line(summary):
+    selective = ("--recompute-granularity", "selective", "--recompute-modules", "core_attn")
+    recomputing = dataclasses.replace(
+        summary, flags=(*summary.flags, *selective), recompute=selective
+    )
+    lines = printed(recomputing, width=200)
+    paste = lines.index(f"Paste: {paste_line(recomputing)}")
+    assert " ".join(selective) in lines[paste]
+    assert lines[paste + 1] == f"Recompute: {' '.join(selective)} (your job: none)"
+    assert not any(line.startswith("Recompute: ") for line in printed(summary))
+    dropped = dataclasses.replace(summary, job_recompute=selective)
+    assert f"Recompute: none (your job: {' '.join(selective)})" in printed(dropped, width=200)

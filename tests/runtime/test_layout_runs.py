@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launchers.emulated.config import run_config
 from launchers.emulated.hardware import load_profile
 from launchers.megatron import MegatronRunSettings
 from ray_layout.ab.live import memory_per_stage
@@ -18,17 +19,21 @@ from ray_layout.measure.fit import fit_costs
 from ray_layout.measure.ingest import observations_from_store
 from ray_layout.measure.store import CostStore
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import memory_settings
 from ray_layout.model.spec import load_recipe_file, with_parallel
+from ray_layout.runtime import layout_runs
 from ray_layout.runtime.layout_runs import (
     Backend,
     LayoutRun,
     RunOptions,
     rank_command,
     rank_env_of,
+    recompute_recipe,
     run_id,
     run_layouts,
 )
 from ray_layout.runtime.policy import RunPolicy
+from ray_layout.runtime.run_spec import RunResult
 
 HANDBOOK = load_recipe_file("configs/handbook_7b_a1b.yaml")
 PROFILE = Path("cluster_configs/hardware/h200_emulated.yaml")
@@ -87,6 +92,48 @@ def test_a_launch_scripts_exports_reach_every_rank_and_name_the_run():
     assert run_id("ab", command, ()) == f"ab-{digest}"
     assert run_id("ab", command, exported) != run_id("ab", command, ())
     assert run_id("ab", command, exported[:1]) != run_id("ab", command, exported)
+
+
+SELECTIVE = ("--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act")
+FULL = ("--recompute-granularity", "full", "--recompute-method", "uniform",
+        "--recompute-num-layers", "1")  # fmt: skip
+
+
+def test_a_run_with_its_own_recomputation_carries_it_on_every_ranks_command_line(
+    monkeypatch, tmp_path
+):
+    """The built command replaces the job's recompute flags with the run's, the emulated rank
+    reads them back as its memory settings, and the run is another run (another id); a run of
+    the job's own setting keeps the user's flags as written."""
+    recipe = replace(with_parallel(HANDBOOK, pp=2, global_batch_size=32),
+                     megatron_args=(*HANDBOOK.megatron_args, *FULL))  # fmt: skip
+    specs = []
+
+    def run_many(built, **kwargs):
+        specs.extend(built)
+        return [RunResult(s.run_id, "failed", "oom", [], [], 1, "x") for s in built]
+
+    monkeypatch.setattr(layout_runs, "run_many", run_many)
+    layout = Layout.parse("Et*9|t*7mL", 2)
+    runs = [
+        LayoutRun(layout, kind="ab", recompute=memory_settings(SELECTIVE)),
+        LayoutRun(layout, kind="ab", recompute=memory_settings(FULL)),
+        LayoutRun(layout, kind="ab"),
+    ]
+    options = RunOptions(gpus_per_node=4, settings=MegatronRunSettings(train_iters=6))
+    backend = Backend("emulated", hardware_profile=PROFILE)
+    run_layouts(recipe, runs, backend=backend, store=CostStore(tmp_path), study="s",
+                log_dir=None, options=options)  # fmt: skip
+    recomputed, own, unchanged = (spec.command for spec in specs)
+    words = " ".join(recomputed)
+    assert " ".join(SELECTIVE) in words and "--recompute-method" not in words
+    assert own == unchanged and " ".join(FULL) in " ".join(own)
+    assert specs[0].run_id != specs[2].run_id and specs[1].run_id == specs[2].run_id
+    emulated = run_config(recomputed[3:], recipe.parallel.world_size)  # what each rank runs
+    assert emulated.memory == memory_settings(SELECTIVE)
+    assert run_config(own[3:], recipe.parallel.world_size).memory == memory_settings(FULL)
+    assert recompute_recipe(recipe, None) is recipe
+    assert recompute_recipe(recipe, memory_settings(FULL)) is recipe
 
 
 RANK_LOG = re.compile(r"rank-\d+\.log$")

@@ -259,3 +259,69 @@ def test_an_interleaved_tune_runs_its_candidates_with_their_vpp(ray_cluster, tmp
     runs = attempts(CostStore(settings.store), "interleaved")
     assert set(runs.status) <= {"finished", "stopped"}
     assert cluster_is_clean()
+
+
+FULL_RECOMPUTE = ("--recompute-granularity", "full", "--recompute-method", "uniform")
+FULL_RECOMPUTE += ("--recompute-num-layers", "1")
+
+
+@pytest.mark.slow
+def test_a_tune_of_a_full_recompute_job_predicts_every_arm(ray_cluster, tmp_path):
+    """Every run of the job recomputes every layer in its backward: the fit takes that out of
+    the unit costs and the plan adds it back, so each arm's step is predicted as it ran."""
+    recipe = replace(SMALL, megatron_args=(*SMALL.megatron_args, *FULL_RECOMPUTE))
+    settings = small_settings(tmp_path, "recompute")
+    summary = run_tune(recipe, settings, CONFIG, quiet()[0], threading.Event())
+    arms = [a for a in summary.arms if a.status is not ArmStatus.NOT_RUN]
+    assert len(arms) >= 3
+    errors = {
+        arm.layout: statistics.median(arm.steps_ms[settings.options.ab.warmup_iterations :])
+        / arm.predicted_ms
+        - 1
+        for arm in arms
+    }
+    print("measured / predicted - 1 per arm:", {k: f"{e:+.2%}" for k, e in errors.items()})
+    assert all(abs(e) < 0.03 for e in errors.values()), errors
+    assert cluster_is_clean()
+
+
+@pytest.mark.slow
+def test_a_tune_of_layout_and_recompute_ab_tests_the_pair_it_picks(ray_cluster, tmp_path):
+    """60 GiB fits no layout of the small tune without recomputation (its smallest peak is
+    61.6 GiB): the search goes layout x recompute, the pick runs the A/B with its recompute
+    flags against the current job (its own layout, the job's own flags), the emulated ranks
+    run that recomputation (its measured memory shows it), the flags to paste carry it, and its
+    step is predicted as it ran."""
+    recipe = replace(SMALL, split=PipelineSplit(layout="Et*9|t*7mL"))
+    settings = small_settings(tmp_path, "recompute-auto", hbm_gib=60.0, recompute="auto")
+    console, out = quiet()
+    summary = run_tune(recipe, settings, CONFIG, console, threading.Event())
+    assert "asked (--recompute auto): searched layout x recompute" in out.getvalue()
+    for arm in summary.arms:  # on a failure, what each arm ran and measured
+        print(arm.arm, arm.layout, arm.recompute, arm.predicted_ms, arm.measured_ms, arm.reason)
+    pick = next(a for a in summary.arms if a.status is ArmStatus.WON)
+    assert summary.pick_source == "A/B test" and pick.layout == summary.pick
+    assert pick.recompute and summary.recompute == pick.recompute
+    assert summary.flags == paste_flags(Layout.parse(pick.layout, 2), pick.recompute)
+    current = next(a for a in summary.arms if ArmRole.CURRENT in a.roles)
+    assert (current.layout, current.recompute) == ("Et*9|t*7mL", ())
+    assert current.status is not ArmStatus.NOT_RUN and current.arm != pick.arm
+    # the ranks ran the pick's recomputation: the current layout holds less with it, by as
+    # much as the search predicted (measured memory leaves out the CUDA context and NCCL)
+    recomputed = next(a for a in summary.arms if a.layout == current.layout and a.recompute)
+    saved = max(current.measured_memory_gib) - max(recomputed.measured_memory_gib)
+    predicted = max(current.predicted_memory_gib) - max(recomputed.predicted_memory_gib)
+    print(f"memory saved by {recomputed.arm}'s recomputation: {saved:.2f} GiB, "
+          f"predicted {predicted:.2f} GiB")  # fmt: skip
+    assert saved == pytest.approx(predicted, rel=0.1) and saved > 1.0
+    errors = {
+        arm.arm: statistics.median(arm.steps_ms[settings.options.ab.warmup_iterations :])
+        / arm.predicted_ms
+        - 1
+        for arm in summary.arms
+        if arm.steps_ms
+    }
+    print("measured / predicted - 1 per arm:", {k: f"{e:+.2%}" for k, e in errors.items()})
+    assert all(abs(e) < 0.15 for e in errors.values()), errors  # as the whole tune's
+    assert "left out of the refit" in " ".join(summary.notes)
+    assert cluster_is_clean()

@@ -1,7 +1,9 @@
 """The tune's phases: the arms chosen from the search (baselines once, what the search predicted
-carried), the fit and refit and their one-line failures, the search sharded on Ray tasks, and
-the GPU memory taken from the cluster, never assumed: the emulated GPUs' from their hardware
-profile, a real GPU's from a probe on a worker (which fails in one line on fake GPUs)."""
+and the recomputation it ranked them under carried), the fit and refit and their one-line
+failures, the search (layout x recompute where the job's own setting fits nothing) sharded on Ray
+tasks, and the GPU memory taken from the cluster, never assumed: the emulated GPUs' from their
+hardware profile, a real GPU's from a probe on a worker (which fails in one line on fake
+GPUs)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from launchers.emulated.hardware import load_profile
-from ray_layout.ab.live import LiveTest
+from ray_layout.ab.live import LiveTest, arm_runs
 from ray_layout.ab.stats import ABConfig
 from ray_layout.ab.vocabulary import ArmRole
 from ray_layout.errors import MeasurementError, RunFailure
@@ -22,13 +24,14 @@ from ray_layout.model.spec import with_parallel
 from ray_layout.model.split import PipelineSplit
 from ray_layout.runtime.layout_runs import Backend
 from ray_layout.tuning import phases
-from ray_layout.tuning.phases import choose_arms, cluster_hbm_gib
+from ray_layout.tuning.phases import arm_label, choose_arms, cluster_hbm_gib
 from tests.helpers.cluster import GPUS_PER_NODE
 from tests.helpers.planner_fixtures import handbook_example_plan
 from tests.helpers.tuning_small import HANDBOOK, SMALL, small_settings
 
 PROFILE = Path("cluster_configs/hardware/h200_emulated.yaml")
 DEFAULT = ABConfig()
+CHEAP = ("--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act")
 
 
 # --- the GPU memory ----------------------------------------------------------------------------
@@ -109,6 +112,40 @@ def test_the_tunes_arms_carry_what_the_search_predicted_and_far_losers_look_soon
     slower = {a.name: a.predicted_ms / arms[0].predicted_ms - 1 for a in arms}
     assert slower["default"] > 0.2 and early.get("default", 3) < DEFAULT.looks[0]
     assert all(slower[name] > DEFAULT.margin for name in early)
+
+
+def test_arms_from_a_layout_x_recompute_search_carry_the_setting_they_run():
+    """60 GiB fits no layout of the small tune without recomputation: the candidates recompute,
+    the baselines run the job's own flags, and a candidate of the current layout under another
+    setting is an arm of its own."""
+    recipe = replace(SMALL, split=PipelineSplit(layout="Et*9|t*7mL"))
+    costs = load_profile(PROFILE).costs
+    settings = small_settings(Path("/nowhere"), "study", hbm_gib=60.0)
+    said: list[str] = []
+    searched = phases.search(recipe, costs, settings, progress=said.append)
+    assert searched.recompute == (
+        "the job's own recompute setting (no recomputation) fits no layout in 60 GiB: "
+        "searched layout x recompute"
+    )
+    assert any(line.startswith("recompute --recompute-granularity") for line in said)
+    arms = choose_arms(searched.found, 2)
+    assert [(a.name, str(a.layout), a.recompute) for a in arms] == [
+        ("candidate-1", "Et*9|t*7mL", CHEAP),
+        ("candidate-2", "Et*10|t*6mL", searched.found.candidates[1].recompute),
+        ("current", "Et*9|t*7mL", ()),
+        ("default", "Et*8|t*8mL", ()),
+    ]
+    assert arms[2].roles == (ArmRole.CURRENT, ArmRole.COUNT_BASED)
+    runs = arm_runs(LiveTest(arms, DEFAULT, 60.0), "ab-key")
+    assert runs[0].recompute == memory_settings(CHEAP)
+    assert runs[2].recompute.recompute_flags() == ()
+    assert arm_label(arms[0], ()) == f"candidate-1 Et*9|t*7mL ({' '.join(CHEAP)})"
+    assert arm_label(arms[2], ()) == "current Et*9|t*7mL"
+    # the job asked the search for every setting: the same arms, said so
+    auto = phases.search(recipe, costs, replace(settings, options=replace(
+        settings.options, recompute="auto")))  # fmt: skip
+    assert auto.recompute == "asked (--recompute auto): searched layout x recompute"
+    assert choose_arms(auto.found, 2) == arms
 
 
 # --- the fit ---------------------------------------------------------------------------

@@ -90,6 +90,7 @@ def test_the_tune_command_s_flags_are_the_options_fields_with_their_defaults():
         ({"hbm_gib": 0.0}, "--hbm-gb must be positive, got 0.0"),
         ({"ab_top": -1}, "--ab-top must be >= 0, got -1"),
         ({"runs_at_once": 0}, "--runs-at-once must be >= 1, got 0"),
+        ({"recompute": "always"}, "--recompute must be job or auto, got 'always'"),
     ],
 )
 def test_options_built_in_code_are_checked_as_the_flags_are(given, message):

@@ -1,9 +1,11 @@
-"""From what the phases found to the report's summary: the flags to paste, each arm's outcome
-from its last decision, the timelines drawn beside the pick, the GPU time of the profiling runs,
-the refit's note, and a tune without an A/B."""
+"""From what the phases found to the report's summary: the flags to paste (with the pick's
+recomputation where it is not the job's), each arm's outcome from its last decision, the
+timelines drawn beside the pick, the GPU time of the profiling runs, the refit's note, and a
+tune without an A/B."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,6 +31,7 @@ from ray_layout.tuning.summarize import (
     paste_flags,
     predicted_only,
     profile_gpu_seconds,
+    recompute_note,
     refit_note,
     summarize,
     timelines,
@@ -39,6 +42,9 @@ from tests.helpers.tuning_small import CONFIG, HANDBOOK, small_settings
 
 COSTS = load_costs("configs/costs/handbook_h200_example.json")
 PP4 = with_parallel(HANDBOOK, pp=4)
+SELECTIVE = ("--recompute-granularity", "selective", "--recompute-modules", "core_attn", "moe")
+FULL = ("--recompute-granularity", "full", "--recompute-method", "uniform",
+        "--recompute-num-layers", "1")  # fmt: skip
 
 
 def searched_of(found) -> phases.Searched:
@@ -54,6 +60,21 @@ def test_paste_flags_carry_the_layout_and_its_vpp():
     )
     interleaved = Layout.parse("Et*2|t*2|t*2|t*2|t*2|t*2|t*2|t*2mL", 4)
     assert interleaved.vpp == 2 and paste_flags(interleaved)[1] == "4"
+    # a pick that recomputes otherwise than the job: its recompute flags follow the layout's
+    layout = Layout.parse("Et*5|t*6|t*5|mL", 4)
+    assert paste_flags(layout, SELECTIVE) == (*paste_flags(layout), *SELECTIVE)
+
+
+def test_what_the_user_changes_besides_pasting_where_the_pick_recomputes_otherwise():
+    assert recompute_note(SELECTIVE, SELECTIVE) is None and recompute_note((), ()) is None
+    assert recompute_note((), SELECTIVE) == (
+        f"the pick recomputes ({' '.join(SELECTIVE)}): the flags to paste carry it"
+    )
+    assert recompute_note(FULL, SELECTIVE) == (
+        f"the pick recomputes otherwise than your job: take out your recompute flags "
+        f"({' '.join(FULL)}) and paste {' '.join(SELECTIVE)}"
+    )
+    assert recompute_note(FULL, ()).endswith(f"({' '.join(FULL)}) to run without recomputation")
 
 
 def test_each_arm_s_status_and_reason_come_from_its_last_decision():
@@ -107,11 +128,11 @@ def test_each_arm_s_status_and_reason_come_from_its_last_decision():
 
 def test_the_report_draws_the_current_layout_beside_the_pick_and_the_default():
     found = handbook_example_plan(10, PipelineSplit(layout="Et*3|t*5|t*5|t*3mL"))
-    pick = choose_arms(found, 2)[0].layout
+    pick = choose_arms(found, 2)[0]
     drawn = timelines(HANDBOOK, pick, searched_of(found), COSTS)
     assert list(drawn) == ["pick", "current", "Megatron default"]
     assert [str(sim.candidate.layout) for sim in drawn.values()] == [
-        str(pick),
+        str(pick.layout),
         "Et*3|t*5|t*5|t*3mL",
         "Et*4|t*4|t*4|t*4mL",
     ]
@@ -119,7 +140,7 @@ def test_the_report_draws_the_current_layout_beside_the_pick_and_the_default():
     found = handbook_example_plan(10, PipelineSplit(layout="Et*4|t*4|t*4|t*4mL"))
     arms = choose_arms(found, 2)
     searched = searched_of(found)
-    drawn = timelines(HANDBOOK, arms[0].layout, searched, COSTS)
+    drawn = timelines(HANDBOOK, arms[0], searched, COSTS)
     assert list(drawn) == ["pick", "current", "Megatron default"]
     assert drawn["current"].candidate.layout == drawn["Megatron default"].candidate.layout
     # no split of its own: the pick and the default only
@@ -128,6 +149,11 @@ def test_the_report_draws_the_current_layout_beside_the_pick_and_the_default():
         "pick",
         "Megatron default",
     ]
+    # a pick that recomputes is drawn under its recomputation, the baselines under the job's
+    recomputing = timelines(HANDBOOK, replace(pick, recompute=FULL), searched_of(plain), COSTS)
+    default = timelines(HANDBOOK, pick, searched_of(plain), COSTS)["Megatron default"]
+    assert recomputing["pick"].candidate.mean_ms > drawn["pick"].candidate.mean_ms
+    assert recomputing["Megatron default"].candidate.mean_ms == default.candidate.mean_ms
 
 
 def test_without_an_ab_every_arm_is_a_prediction_and_the_best_is_the_pick():
@@ -159,6 +185,29 @@ def test_without_an_ab_every_arm_is_a_prediction_and_the_best_is_the_pick():
     assert summary.search.seconds == 0.123 and summary.search.scored == found.scored
     assert summary.fit_warnings == ("unit m: residual 4.1%",) and summary.notes == ("a note",)
     assert list(summary.timelines) == ["pick", "Megatron default"]
+    assert summary.recompute == summary.job_recompute == ()
+    # the pick of a layout x recompute search: its flags to paste and a note carry its setting
+    arms = [replace(arms[0], recompute=SELECTIVE), *arms[1:]]
+    summary = summarize(
+        PP4,
+        settings=small_settings(Path("/nowhere"), "study"),
+        config_path=CONFIG,
+        searched=searched_of(found),
+        first=first,
+        arms=arms,
+        ab=ABOutcome("ab-none", (), ()),
+        profile_seconds=120.0,
+        notes=("a note",),
+        phase_seconds={"size": 0.5},
+    )
+    assert summary.flags == paste_flags(arms[0].layout, SELECTIVE)
+    assert (summary.recompute, summary.job_recompute) == (SELECTIVE, ())
+    assert summary.notes == ("a note", recompute_note((), SELECTIVE))
+    assert [row.recompute for row in summary.arms] == [arm.recompute for arm in arms]
+    recomputed = Problem.of(replace(PP4, megatron_args=SELECTIVE), COSTS, SearchSpec(32),
+                            PlanOptions(hbm_gib=131))  # fmt: skip
+    predicted = score_given(arms[0].layout, recomputed).mean_ms
+    assert summary.timelines["pick"].candidate.mean_ms == predicted > arms[0].predicted_ms
 
 
 def run_of(run_id: str, ranks: int) -> ProfiledRun:
@@ -204,3 +253,15 @@ def test_the_refit_note_says_how_far_the_refined_model_is_from_what_was_measured
     assert refit_note(PP4, refined, failed, searched, config) == "refit: no arm measured"
     assert refit_note(PP4, Refit(None), ab, searched, config) is None
     assert refit_note(PP4, Refit(None, "no new runs"), ab, searched, config) == "no new runs"
+    # an arm that recomputed is predicted under its own setting; runs left out are said
+    slower = replace(arms[1], recompute=FULL)
+    at = Problem.of(replace(PP4, megatron_args=FULL), COSTS, searched.spec, searched.options)
+    step = score_given(slower.layout, at).mean_ms
+    trace = ArmTrace(slower.name, str(slower.layout), (step,) * 8)
+    recomputed = ArmResult(slower, trace, None, None, ArmCost(8, 0.0, trace.steps_ms, 14))
+    left = replace(refined, left_out="candidate-2 left out")
+    ab = ABOutcome("ab", (measured(arms[0], 1 / 1.1), recomputed), ())
+    assert refit_note(PP4, left, ab, searched, config) == (
+        "refit with the A/B runs: the refined cost model is within 10.0% of every measured arm "
+        "(mean 5.0%); the next plan of this study uses it; candidate-2 left out"
+    )
