@@ -13,17 +13,18 @@ comes from ``ray_layout.model.recompute_cost``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.memory_settings import MemorySettings
-from search.planner import MapShards, Plan, Problem, ideal_step_ms, plan
+from search.planner import MapShards, Plan, Problem, baselines, ideal_step_ms, plan
 from search.ranking import Candidate
 from search.space import LayoutSpace
 
 JOINT_TIME_S = 24.0  # the whole joint search's budget of exact-search time, split by setting
 LEAST_TIME_S = 1.0  # per setting: a second still proves most 1F1B optima
+ASKED = "asked (--recompute auto)"
 
 
 @dataclass(frozen=True)
@@ -154,3 +155,62 @@ def joint_plan(
     fastest = {str(c.layout): c for c in reversed(ranked)}  # each layout at its best setting
     kept = [c for c in ranked if fastest[str(c.layout)] is c]
     return JointPlan(tuple(tried), tuple(kept[: problem.options.top]))
+
+
+def setting_name(flags: Sequence[str]) -> str:
+    """A recompute setting in a few words: ``none``, ``selective core_attn,moe_act``,
+    ``full uniform 1``, ``full block 2``."""
+    words = list(flags)
+    if not words:
+        return "none"
+    if words[1] == "selective":
+        return "selective " + ",".join(words[words.index("--recompute-modules") + 1 :])
+    return f"full {words[3]} {words[5]}"
+
+
+def searched_plan(
+    problem: Problem,
+    mode: str,
+    progress: Callable[[str], None] | None = None,
+    map_shards: MapShards | None = None,
+) -> tuple[Plan, JointPlan | None, str]:
+    """The plan ``plan`` and ``tune`` rank from (``mode``: ``--recompute``'s job or auto): the
+    job's own setting alone while it fits a layout, else layout x recompute (``joint_plan``,
+    merged by ``joint_as_plan``), with why it searched the pair (empty where it did not)."""
+    own = None
+    if mode == "job":
+        own = plan(problem, progress, map_shards)
+        if own.candidates or problem.options.hbm_gib is None:
+            return own, None, ""
+        name = setting_name(problem.memory.recompute_flags())
+        limit = problem.options.hbm_gib
+        why = f"the job's own recompute setting ({name}) fits no layout in {limit:g} GiB"
+    else:
+        why = ASKED
+    joint = joint_plan(problem, progress, map_shards)
+    return joint_as_plan(joint, problem, own), joint, why
+
+
+def joint_as_plan(joint: JointPlan, problem: Problem, own: Plan | None = None) -> Plan:
+    """The joint search as one plan: every setting's candidates ranked together, the baselines
+    under the job's own setting (``own``: its plan where it was searched before the joint
+    search; scored here where the joint search skipped it), the counts of every search added
+    up, the joint bound, and the smallest peak under any setting."""
+    planned = [t.plan for t in joint.tried if t.plan is not None]
+    searched = [*planned, *([own] if own is not None else [])]
+    if own is None:
+        job = [t.plan for t in joint.tried if t.settings == problem.memory]
+        own = next((found for found in job if found is not None), None)
+    base = own or replace(planned[0], baselines=baselines(problem))
+    return replace(
+        base,
+        candidates=joint.candidates,
+        scored=sum(p.scored for p in searched),
+        sampled=sum(p.sampled for p in searched),
+        rejected_memory=sum(p.rejected_memory for p in searched),
+        proven_bound_ms=joint.bound_ms if joint.candidates else None,
+        complete=all(p.complete for p in planned),
+        ties=(),  # counted per setting's search: they do not follow the merged ranking
+        bound_reason="",
+        smallest_peak_gib=min(p.smallest_peak_gib for p in searched),
+    )

@@ -13,13 +13,10 @@ from rich.table import Table
 
 from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.recompute_plan import (
-    ASKED,
-    joint_search,
-    nothing_fits,
     paste_flags,
     print_recompute_search,
     recompute_price,
-    short_name,
+    recompute_section,
 )
 from ray_layout.commands.schedule_compare import compare_schedules, print_schedules
 from ray_layout.commands.searching import (
@@ -41,7 +38,8 @@ from ray_layout.model.spec import Recipe, check_pipeline_stages
 from ray_layout.options.checks import MAX_TASKS, at_least, between, comma_integers, each, reachable
 from ray_layout.options.flag_fields import option
 from ray_layout.runtime.sharding import ray_map_shards
-from search.planner import Plan, PlanOptions, Problem, SearchSpec, plan
+from search.planner import Plan, PlanOptions, Problem, SearchSpec
+from search.recompute_search import searched_plan, setting_name
 from search.what_if import what_ifs
 
 
@@ -172,7 +170,7 @@ def _layout_cell(row: dict[str, Any], job: list[str]) -> str:
     with what recomputing costs it."""
     cell = row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else "")
     if row.get("recompute", job) != job:
-        cell += f" + recompute {short_name(row['recompute'])}"
+        cell += f" + recompute {setting_name(row['recompute'])}"
         cell += f" ({row['recompute_cost']:+.1%})" if row["recompute"] else ""
     return cell
 
@@ -309,17 +307,12 @@ def _planned(
         _start_ray(settings.ray_address, spec.shards)
         map_shards = ray_map_shards
     problem = Problem.of(recipe, costs, spec, options)
-    found, section = None, None
-    if settings.recompute == "job":
-        found = plan(problem, progress=_progress, map_shards=map_shards)
-    if found is None or (options.hbm_gib is not None and not found.candidates):
-        why = ASKED if found is None else nothing_fits(problem)
-        found, section = joint_search(problem, why, _progress, map_shards)
+    found, joint, why = searched_plan(problem, settings.recompute, _progress, map_shards)
     report = plan_report(recipe, found, spec)
     for row, candidate in zip(report["candidates"], found.candidates, strict=True):
         row["recompute_cost"] = recompute_price(candidate, problem)
-    if section is not None:
-        report["recompute_search"] = section
+    if joint is not None:
+        report["recompute_search"] = recompute_section(joint, why, problem)
     return report
 
 

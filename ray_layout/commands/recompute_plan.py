@@ -5,38 +5,15 @@ when asked (``--recompute auto``), every setting real jobs use is planned with t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from ray_layout.model.memory_settings import MemorySettings
-from search.planner import Plan, Problem, score_given
+from search.planner import Problem, score_given
 from search.ranking import Candidate
-from search.recompute_search import JointPlan, SettingPlan, joint_plan
-
-ASKED = "asked (--recompute auto)"
-
-
-def nothing_fits(problem: Problem) -> str:
-    """Why the joint search runs without being asked."""
-    own = short_name(problem.memory.recompute_flags())
-    return (
-        f"the job's own recompute setting ({own}) fits no layout in {problem.options.hbm_gib:g} GiB"
-    )
-
-
-def short_name(flags: tuple[str, ...] | list[str]) -> str:
-    """A recompute setting in a table cell: ``none``, ``selective core_attn,moe_act``,
-    ``full uniform 1``, ``full block 2``."""
-    words = list(flags)
-    if not words:
-        return "none"
-    if words[1] == "selective":
-        return "selective " + ",".join(words[words.index("--recompute-modules") + 1 :])
-    return f"full {words[3]} {words[5]}"
+from search.recompute_search import JointPlan, SettingPlan, setting_name
 
 
 def recompute_price(candidate: Candidate, problem: Problem) -> float:
@@ -47,30 +24,16 @@ def recompute_price(candidate: Candidate, problem: Problem) -> float:
     return candidate.mean_ms / score_given(candidate.layout, plain).mean_ms - 1.0
 
 
-def joint_search(
-    problem: Problem,
-    why: str,
-    progress: Callable[[str], None] | None = None,
-    map_shards: Any = None,
-) -> tuple[Plan, dict[str, Any]]:
-    """The joint search as a plan (the job's own setting's baselines, every setting's candidates)
-    and the report's ``recompute_search`` section."""
-    found = joint_plan(problem, progress, map_shards)
-    job = _job_plan(found, problem.memory)
-    peaks = [t.plan.smallest_peak_gib for t in found.tried if t.plan is not None]
-    merged = replace(job, candidates=found.candidates, ties=(), smallest_peak_gib=min(peaks))
-    return merged, {
+def recompute_section(joint: JointPlan, why: str, problem: Problem) -> dict[str, Any]:
+    """The report's ``recompute_search``: why the pair was searched, each setting tried, and
+    the joint bound and gap."""
+    return {
         "why": why,
         "job_recompute": list(problem.memory.recompute_flags()),
-        "tried": [_tried_row(tried) for tried in found.tried],
-        "bound_ms": found.bound_ms if found.candidates else None,
-        "gap": found.gap if found.candidates else None,
+        "tried": [_tried_row(tried) for tried in joint.tried],
+        "bound_ms": joint.bound_ms if joint.candidates else None,
+        "gap": joint.gap if joint.candidates else None,
     }
-
-
-def _job_plan(found: JointPlan, job: MemorySettings) -> Plan:
-    """The plan under the job's own setting: its baselines are what the user runs today."""
-    return next(t.plan for t in found.tried if t.settings == job and t.plan is not None)
 
 
 def _tried_row(tried: SettingPlan) -> dict[str, Any]:
@@ -96,7 +59,7 @@ def print_recompute_search(report: dict[str, Any], console: Console) -> None:
         shown = "skipped" if not row["planned"] else "-" if best is None else f"{best:,.1f}"
         bound = row["bound_ms"]
         floor = "nothing fits" if bound is None else f"{bound:,.1f} ms"
-        table.add_row(short_name(row["recompute"]), str(row["fitting"]), shown, floor)
+        table.add_row(setting_name(row["recompute"]), str(row["fitting"]), shown, floor)
     console.print(table)
     if not all(row["planned"] for row in section["tried"]):
         console.print(

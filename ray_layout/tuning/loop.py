@@ -41,10 +41,10 @@ from ray_layout.tuning.phases import (
     profile,
     search,
 )
-from ray_layout.tuning.recompute_choice import setting_name
 from ray_layout.tuning.refit import refit, refit_all_to_all
 from ray_layout.tuning.settings import TuneSettings
 from ray_layout.tuning.summarize import profile_gpu_seconds, refit_note, summarize
+from search.recompute_search import setting_name
 
 NO_AB = ABOutcome("", (), ())
 

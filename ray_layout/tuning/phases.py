@@ -47,10 +47,11 @@ from ray_layout.runtime.layout_runs import (
 from ray_layout.runtime.megatron_help_probe import ClusterFlags, cluster_flag_table
 from ray_layout.runtime.sharding import ray_map_shards
 from ray_layout.tuning.display import Phases
-from ray_layout.tuning.recompute_choice import recompute_search, setting_name
+from ray_layout.tuning.recompute_choice import recompute_search
 from ray_layout.tuning.settings import TuneSettings
 from search.planner import Plan, PlanOptions, Problem, SearchSpec
 from search.ranking import Candidate
+from search.recompute_search import setting_name
 from search.space import LayoutSpace
 
 SHARD_ABOVE, MAX_SHARDS = 200_000, 8  # layouts a process searches alone; Ray tasks at most

@@ -10,19 +10,17 @@ import pytest
 from rich.console import Console
 
 from ray_layout.commands.recompute_plan import (
-    ASKED,
-    joint_search,
-    nothing_fits,
     paste_flags,
     print_recompute_search,
     recompute_price,
-    short_name,
+    recompute_section,
 )
 from ray_layout.model.costs import load_costs
 from ray_layout.model.layout import Layout
 from ray_layout.model.memory_settings import memory_settings
 from ray_layout.model.spec import load_recipe_file, with_parallel
 from search.planner import PlanOptions, Problem, SearchSpec, score_given
+from search.recompute_search import ASKED, searched_plan
 from tests.helpers.commands_cli import handbook_plan, run_json
 
 HANDBOOK = with_parallel(load_recipe_file("configs/handbook_7b_a1b.yaml"), pp=4)
@@ -37,18 +35,6 @@ def problem(hbm_gib: float | None = 30.0) -> Problem:
     )
 
 
-def test_a_setting_is_named_in_a_few_words():
-    assert short_name([]) == "none"
-    assert short_name(FULL) == "full uniform 1"
-    block = ["--recompute-granularity", "full", "--recompute-method", "block",
-             "--recompute-num-layers", "3"]  # fmt: skip
-    assert short_name(block) == "full block 3"
-    selective = memory_settings(
-        ["--recompute-granularity", "selective", "--recompute-modules", "moe_act", "core_attn"]
-    )
-    assert short_name(selective.recompute_flags()) == "selective core_attn,moe_act"
-
-
 def test_the_price_is_the_step_over_the_same_layouts_without_recomputation():
     plain = problem()
     full = replace(plain, memory=memory_settings(FULL))
@@ -61,8 +47,9 @@ def test_the_price_is_the_step_over_the_same_layouts_without_recomputation():
     assert recompute_price(score_given(layout, plain), plain) == 0.0
 
 
-def test_the_joint_search_keeps_the_jobs_baselines_and_reports_each_setting_tried():
-    found, section = joint_search(problem(), nothing_fits(problem()))
+def test_the_section_reports_each_setting_tried_with_its_bound():
+    found, joint, why = searched_plan(problem(), "job")
+    section = recompute_section(joint, why, problem())
     assert section["why"] == "the job's own recompute setting (none) fits no layout in 30 GiB"
     assert section["job_recompute"] == [] and section["gap"] == 0.0
     assert [b.candidate.recompute for b in found.baselines if b.candidate] == [(), ()]
@@ -77,7 +64,8 @@ def test_the_joint_search_keeps_the_jobs_baselines_and_reports_each_setting_trie
 
 def test_the_table_names_each_setting_and_the_gap():
     console = Console(width=140, record=True)
-    _, section = joint_search(problem(), ASKED)
+    _, joint, why = searched_plan(problem(), "auto")
+    section = recompute_section(joint, why, problem())
     print_recompute_search({"recompute_search": section}, console)
     text = console.export_text()
     assert "layout x recompute (asked (--recompute auto))" in text

@@ -15,7 +15,14 @@ from ray_layout.model.hf_config import load_hf_config
 from ray_layout.model.memory_settings import memory_settings, with_recompute
 from ray_layout.model.spec import load_recipe_file, with_parallel
 from search.planner import PlanOptions, Problem, SearchSpec, plan, score_given
-from search.recompute_search import joint_plan, recompute_options
+from search.recompute_search import (
+    ASKED,
+    joint_as_plan,
+    joint_plan,
+    recompute_options,
+    searched_plan,
+    setting_name,
+)
 
 HANDBOOK = with_parallel(load_recipe_file("configs/handbook_7b_a1b.yaml"), pp=4)
 COSTS = load_costs("configs/costs/handbook_h200_example.json")
@@ -89,3 +96,35 @@ def test_the_zoos_deepseek_v3_without_its_recompute_flags_fits_80_gib_with_a_pri
     without = score_given(pick.layout, replace(problem, memory=plain))
     assert without.peak_memory_gib > 80.0 and pick.mean_ms > without.mean_ms
     assert found.tried[0].plan is not None and not found.tried[0].plan.candidates
+
+
+def test_a_setting_is_named_in_a_few_words():
+    assert setting_name(()) == "none"
+    full = memory_settings(["--recompute-granularity", "full", "--recompute-method", "block",
+                            "--recompute-num-layers", "3"])  # fmt: skip
+    assert setting_name(full.recompute_flags()) == "full block 3"
+    selective = memory_settings(
+        ["--recompute-granularity", "selective", "--recompute-modules", "moe_act", "core_attn"]
+    )
+    assert setting_name(selective.recompute_flags()) == "selective core_attn,moe_act"
+
+
+def test_the_jobs_own_setting_is_searched_alone_while_it_fits_and_the_pair_after():
+    fits, joint, why = searched_plan(handbook(131.0), "job")
+    assert joint is None and why == "" and fits.candidates[0].recompute == ()
+    merged, joint, why = searched_plan(handbook(30.0), "job")
+    assert why == "the job's own recompute setting (none) fits no layout in 30 GiB"
+    assert joint is not None and merged.candidates == joint.candidates
+    assert merged.proven_bound_ms == joint.bound_ms and merged.ties == ()
+    assert merged.smallest_peak_gib <= 30.0  # under some setting, not the job's own
+    assert searched_plan(handbook(None), "auto")[2] == ASKED
+
+
+def test_a_job_setting_the_joint_search_skipped_still_scores_the_baselines_under_it():
+    full = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+            "--recompute-num-layers", "1"]  # fmt: skip
+    problem = handbook(None, *full)
+    joint = joint_plan(problem)
+    assert next(t for t in joint.tried if t.settings == problem.memory).plan is None
+    merged = joint_as_plan(joint, problem)
+    assert [b.candidate.recompute for b in merged.baselines if b.candidate] == [tuple(full)] * 2

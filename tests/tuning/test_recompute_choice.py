@@ -12,7 +12,7 @@ import pytest
 from launchers.emulated.hardware import load_profile
 from ray_layout.errors import ConfigError
 from ray_layout.model.memory_settings import memory_settings
-from ray_layout.tuning.recompute_choice import recompute_search, setting_name
+from ray_layout.tuning.recompute_choice import recompute_search
 from search.planner import PlanOptions, Problem, SearchSpec, plan
 from search.recompute_search import joint_plan
 from tests.helpers.tuning_small import HARDWARE, SMALL
@@ -41,7 +41,7 @@ def test_a_job_whose_setting_fits_no_layout_is_searched_with_every_setting():
     said: list[str] = []
     found, why = recompute_search(problem, "job", said.append)
     assert why == (
-        "the job's own recompute setting (no recomputation) fits no layout in 60 GiB: "
+        "the job's own recompute setting (none) fits no layout in 60 GiB: "
         "searched layout x recompute"
     )
     assert f"recompute {' '.join(CHEAP)}" in said  # the joint search's progress, as plan's
@@ -84,7 +84,3 @@ def test_nothing_fitting_under_any_setting_is_one_line():
     message = str(refused.value)
     assert message.startswith("no layout fits in 20 GiB under any recompute setting (the smallest")
     assert "\n" not in message
-
-
-def test_a_setting_reads_as_its_flags_or_as_none():
-    assert setting_name(CHEAP) == " ".join(CHEAP) and setting_name(()) == "no recomputation"
