@@ -294,7 +294,7 @@ def simulate_given(layout: Layout, problem: Problem) -> LayoutSimulation:
         hidden_ms=hidden,
     )
     return LayoutSimulation(
-        candidate=score_layout(layout, program, cost_model, problem.options),
+        candidate=problem.tagged(score_layout(layout, program, cost_model, problem.options)),
         events=tuple(timeline(program, times)),
         busy_ms=tuple(times.busy[:, 0].tolist()),
         idle_ms=tuple(times.idle[:, 0].tolist()),

@@ -81,13 +81,14 @@ class JointPlan:
 
 
 def recompute_options(
-    model: ModelSpec, job: MemorySettings, stages: int
+    model: ModelSpec, job: MemorySettings, stages: int, ep_overlap: bool = False
 ) -> tuple[MemorySettings, ...]:
     """The settings searched, from the cheapest: none, the job's own, selective recompute of
     ever more modules (the cheap ones first: norms, the experts' activation, MLA's
     up-projections; then core attention; then the MLPs), full recompute of each chunk's first 1
     to ``ceil(layers / stages)`` layers (block), and of every layer (uniform, one per
-    checkpoint, as megatron-core requires with MTP)."""
+    checkpoint, as megatron-core requires with MTP); no full recompute beside EP all-to-all
+    overlap, which megatron-core refuses (``combined.rule_violations``)."""
     plain = job.without_recompute()
     moe, dense = any(model.moe_layer_pattern), not all(model.moe_layer_pattern)
     cheap = {"layernorm"} | ({"moe_act"} if moe else set())
@@ -106,7 +107,8 @@ def recompute_options(
         for layers in range(1, math.ceil(model.num_layers / stages) + 1)
     ]
     uniform = replace(full, recompute_method="uniform", recompute_num_layers=1)
-    return tuple(dict.fromkeys([plain, job, *selective, *block, uniform]))
+    fulls = [] if ep_overlap else [*block, uniform]
+    return tuple(dict.fromkeys([plain, job, *selective, *fulls]))
 
 
 def floor_ms(problem: Problem) -> float:
@@ -131,9 +133,8 @@ def joint_plan(
 ) -> JointPlan:
     """Every setting of ``recompute_options`` planned under the problem's HBM limit (those no
     layout under which beats the pick so far skipped), their candidates ranked together."""
-    options = recompute_options(
-        problem.model, problem.memory, problem.parallel.pp * problem.parallel.vpp
-    )
+    stages = problem.parallel.pp * problem.parallel.vpp
+    options = recompute_options(problem.model, problem.memory, stages, problem.ep_overlap.on)
     each_s = max(LEAST_TIME_S, time_limit_s / len(options))
     spec = replace(problem.spec, time_limit_s=min(problem.spec.time_limit_s, each_s))
     tried: list[SettingPlan] = []

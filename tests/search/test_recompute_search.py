@@ -128,3 +128,9 @@ def test_a_job_setting_the_joint_search_skipped_still_scores_the_baselines_under
     assert next(t for t in joint.tried if t.settings == problem.memory).plan is None
     merged = joint_as_plan(joint, problem)
     assert [b.candidate.recompute for b in merged.baselines if b.candidate] == [tuple(full)] * 2
+
+
+def test_beside_ep_all_to_all_overlap_no_full_recompute_is_offered():
+    """megatron-core refuses --overlap-moe-expert-parallel-comm with full recomputation."""
+    options = recompute_options(V3, memory_settings([]), stages=16, ep_overlap=True)
+    assert {o.recompute_granularity for o in options} == {None, "selective"}
