@@ -88,6 +88,7 @@ def run_profile_layouts(settings: ProfileLayoutsSettings, console: Console) -> N
         hbm_gib=settings.hbm_gb,
         standalone_mtp=settings.standalone_mtp,
         runs=settings.runs,
+        settings=recipe.flags.memory,
     )
     runs = [
         {

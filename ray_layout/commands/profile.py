@@ -115,7 +115,8 @@ def _layouts(settings: ProfileSettings, recipe) -> list[Layout]:
         check_search_size(recipe)
         guess = costs_from_flops(model, parallel, settings.tflops)
         microbatches = parallel.num_microbatches_or_none or 8
-        return list(profile_design(model, parallel, microbatches, guess).layouts)
+        design = profile_design(model, parallel, microbatches, guess, settings=recipe.flags.memory)
+        return list(design.layouts)
     layouts = [Layout.parse(text, parallel.pp) for text in settings.layout]
     for layout in layouts:
         validate_buildable(

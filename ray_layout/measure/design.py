@@ -23,6 +23,7 @@ from ray_layout.errors import ConfigError
 from ray_layout.model.costs import UnitCosts
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
+from ray_layout.model.memory_settings import PLAIN, MemorySettings
 from ray_layout.model.sizing import GIB, LOSS, MTP, unit_sizes
 from ray_layout.model.spec import ParallelConfig
 from search.cost_model import build_cost_model
@@ -215,16 +216,18 @@ def profile_design(
     runs: int = 2,
     candidate_limit: int = 20_000,
     seed: int = 0,
+    settings: MemorySettings = PLAIN,
 ) -> ProfilePlan:
     """The fewest runs (``runs``, at least enough for full rank) whose per-rank timers identify
     every unit: the fastest layout that fits first, then each next run the one that makes the
     worst relative error of any unit, forward or backward, under the guessed costs smallest
-    (``relative_errors``; ties within 5% to the faster run)."""
+    (``relative_errors``; ties within 5% to the faster run).  The runs' memory and step are
+    those of the job's memory ``settings`` (its recomputation), which the runs carry."""
     run = replace(parallel, vpp=1)
     space = LayoutSpace.of(model, run, allow_standalone_mtp=standalone_mtp)
     cuts = _candidate_cuts(space, candidate_limit, seed)
     program = compile_schedule(ScheduleShape(run.pp, 1, num_microbatches))
-    cost_model = build_cost_model(model, run, guess, num_microbatches)
+    cost_model = build_cost_model(model, run, guess, num_microbatches, settings=settings)
     scores = score(
         program, cost_model, space.unit_counts(cuts, cost_model.units, model.moe_layer_pattern)
     )

@@ -115,6 +115,7 @@ def profile(live: LiveRuns, *, cluster_flags: ClusterFlags | None = None) -> lis
         guess,
         hbm_gib=tune.hbm_gib,
         standalone_mtp=False,
+        settings=recipe.flags.memory,
     )
     options = RunOptions(
         gpus_per_node=settings.gpus_per_node,

@@ -28,6 +28,7 @@ from ray_layout.model.costs import costs_from_flops
 from ray_layout.model.layout import Layout
 from ray_layout.model.loading import load_recipe
 from ray_layout.model.megatron_recipe import Overrides
+from ray_layout.model.memory_settings import memory_settings
 from tests.helpers.measure_runs import HANDBOOK, HANDBOOK_DESIGN, TRUTH
 
 GUESS = costs_from_flops(HANDBOOK.model, HANDBOOK.parallel)
@@ -234,3 +235,23 @@ def test_the_rank_raising_step_agrees_with_stacking_each_candidate():
         gained[~fits] = 0
         expected = np.flatnonzero((gained == gained.max()) & (gained > 0))
         assert _raising_rank(designs, chosen, fits).tolist() == expected.tolist()
+
+
+def test_the_design_sizes_its_runs_under_the_jobs_recomputation():
+    """The runs carry the job's recompute flags: their memory is smaller and their step longer
+    than without, so a limit only the recomputing runs fit is no refusal."""
+    full = memory_settings(["--recompute-granularity", "full", "--recompute-method", "uniform",
+                            "--recompute-num-layers", "1"])  # fmt: skip
+    microbatches = HANDBOOK.parallel.num_microbatches_or_none
+    plain = profile_design(HANDBOOK.model, HANDBOOK.parallel, microbatches, GUESS)
+    recomputing = profile_design(
+        HANDBOOK.model, HANDBOOK.parallel, microbatches, GUESS, settings=full
+    )
+    assert max(recomputing.peak_memory_gib) < min(plain.peak_memory_gib)
+    limit = 30.0  # no layout fits without recomputation (its smallest peak is 37.0 GiB)
+    with pytest.raises(ConfigError, match="for profiling"):
+        profile_design(HANDBOOK.model, HANDBOOK.parallel, microbatches, GUESS, hbm_gib=limit)
+    fitting = profile_design(
+        HANDBOOK.model, HANDBOOK.parallel, microbatches, GUESS, hbm_gib=limit, settings=full
+    )
+    assert fitting.layouts and min(fitting.predicted_ms) > min(plain.predicted_ms)
