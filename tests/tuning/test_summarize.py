@@ -166,18 +166,22 @@ def test_without_an_ab_every_arm_is_a_prediction_and_the_best_is_the_pick():
     }
     assert [row.predicted_ms for row in rows] == [arm.predicted_ms for arm in arms]
     first = SimpleNamespace(costs=COSTS, warnings=["unit m: residual 4.1%"])
-    summary = summarize(
-        PP4,
-        settings=small_settings(Path("/nowhere"), "study"),
-        config_path=CONFIG,
-        searched=searched_of(found),
-        first=first,
-        arms=arms,
-        ab=ABOutcome("ab-none", (), ()),
-        profile_seconds=120.0,
-        notes=("a note",),
-        phase_seconds={"size": 0.5},
-    )
+
+    def summary_of(arms: list) -> object:
+        return summarize(
+            PP4,
+            settings=small_settings(Path("/nowhere"), "study"),
+            config_path=CONFIG,
+            searched=searched_of(found),
+            first=first,
+            arms=arms,
+            ab=ABOutcome("ab-none", (), ()),
+            profile_seconds=120.0,
+            notes=("a note",),
+            phase_seconds={"size": 0.5},
+        )
+
+    summary = summary_of(arms)
     assert summary.pick == str(arms[0].layout) and summary.pick_source == "prediction (no A/B)"
     assert summary.flags == paste_flags(arms[0].layout) and summary.parallel["vpp"] == 1
     assert (summary.gpu_seconds_spent, summary.gpu_seconds_full) == (120.0, 120.0)
@@ -188,18 +192,7 @@ def test_without_an_ab_every_arm_is_a_prediction_and_the_best_is_the_pick():
     assert summary.recompute == summary.job_recompute == ()
     # the pick of a layout x recompute search: its flags to paste and a note carry its setting
     arms = [replace(arms[0], recompute=SELECTIVE), *arms[1:]]
-    summary = summarize(
-        PP4,
-        settings=small_settings(Path("/nowhere"), "study"),
-        config_path=CONFIG,
-        searched=searched_of(found),
-        first=first,
-        arms=arms,
-        ab=ABOutcome("ab-none", (), ()),
-        profile_seconds=120.0,
-        notes=("a note",),
-        phase_seconds={"size": 0.5},
-    )
+    summary = summary_of(arms)
     assert summary.flags == paste_flags(arms[0].layout, SELECTIVE)
     assert (summary.recompute, summary.job_recompute) == (SELECTIVE, ())
     assert summary.notes == ("a note", recompute_note((), SELECTIVE))
