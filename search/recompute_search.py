@@ -87,20 +87,28 @@ def recompute_options(
     ever more modules (the cheap ones first: norms, the experts' activation, MLA's
     up-projections; then core attention; then the MLPs), full recompute of each chunk's first 1
     to ``ceil(layers / stages)`` layers (block), and of every layer (uniform, one per
-    checkpoint, as megatron-core requires with MTP); no full recompute beside EP all-to-all
-    overlap, which megatron-core refuses (``combined.rule_violations``)."""
+    checkpoint, as megatron-core requires with MTP); no module megatron-core refuses for the
+    job (``MemorySettings.recompute_refusal``: ``moe_act`` needs grouped GEMM, say), and no full
+    recompute beside EP all-to-all overlap (``combined.rule_violations``)."""
     plain = job.without_recompute()
+    mla, mtp = model.mla is not None, bool(model.mtp_num_layers)
+
+    def accepted(settings: MemorySettings) -> bool:
+        return settings.recompute_refusal(mla=mla, mtp=mtp) is None
+
+    def selective(modules: set[str]) -> MemorySettings:
+        return replace(
+            plain, recompute_granularity="selective", recompute_modules=frozenset(modules)
+        )
+
     moe, dense = any(model.moe_layer_pattern), not all(model.moe_layer_pattern)
-    cheap = {"layernorm"} | ({"moe_act"} if moe else set())
-    cheap |= {"mla_up_proj"} if model.mla is not None else set()
+    cheap = {"layernorm"} | ({"moe_act"} if moe else set()) | ({"mla_up_proj"} if mla else set())
     attention = cheap | {"core_attn"}
     mlps = attention | ({"mlp"} if dense else set())
     mlps |= {"shared_experts"} if model.moe_shared_expert_intermediate_size else set()
     ladders = [cheap, attention, mlps, mlps | ({"moe"} if moe else set())]
-    selective = [
-        replace(plain, recompute_granularity="selective", recompute_modules=frozenset(modules))
-        for modules in ladders
-    ]
+    allowed = {module for ladder in ladders for module in ladder if accepted(selective({module}))}
+    selectives = [selective(ladder & allowed) for ladder in ladders if ladder & allowed]
     full = replace(plain, recompute_granularity="full")
     block = [
         replace(full, recompute_method="block", recompute_num_layers=layers)
@@ -108,7 +116,8 @@ def recompute_options(
     ]
     uniform = replace(full, recompute_method="uniform", recompute_num_layers=1)
     fulls = [] if ep_overlap else [*block, uniform]
-    return tuple(dict.fromkeys([plain, job, *selective, *fulls]))
+    runs = [s for s in [*selectives, *fulls] if accepted(s)]
+    return tuple(dict.fromkeys([plain, job, *runs]))
 
 
 def floor_ms(problem: Problem) -> float:

@@ -47,6 +47,8 @@ class MemorySettings:
     optimizer_offload_fraction: float = 0.0  # of the optimizer state kept on the CPU
     optimizer_instances: int = 1  # --num-distributed-optimizer-instances
     cross_entropy: str = "unfused"  # the loss's kernel: "unfused", "native" or "te"
+    grouped_gemm: bool = False  # --moe-grouped-gemm: moe_act recompute needs it
+    shared_expert_overlap: bool = False  # --moe-shared-expert-overlap: no shared_experts recompute
 
     @property
     def selective(self) -> frozenset[str]:
@@ -75,6 +77,27 @@ class MemorySettings:
         """The gradient buffer: fp32 unless --main-grads-dtype bf16 (or --grad-reduce-in-bf16)
         turns off fp32 accumulation (``arguments.py``)."""
         return self.main_grad_bytes
+
+    def recompute_refusal(self, *, mla: bool, mtp: bool) -> str | None:
+        """Why megatron-core 0.16.1 refuses this recomputation for a model with or without MLA
+        and MTP (``transformer_config.py``, ``multi_token_prediction.py``), or None."""
+        modules = self.selective
+        if "moe_act" in modules and not self.grouped_gemm:
+            return "--recompute-modules moe_act needs --moe-grouped-gemm (megatron-core)"
+        if "mla_up_proj" in modules and not mla:
+            return "--recompute-modules mla_up_proj needs multi-latent attention (megatron-core)"
+        if "shared_experts" in modules and self.shared_expert_overlap:
+            return "--recompute-modules shared_experts cannot go with --moe-shared-expert-overlap"
+        if self.fp8_recipe == "delayed" and modules & {"moe_act", "layernorm"}:
+            return "fp8 delayed scaling does not support moe_act and layernorm recompute"
+        uniform = self.recompute_method == "uniform"
+        if mtp and uniform and self.recompute_num_layers != 1:
+            return (
+                f"--recompute-num-layers {self.recompute_num_layers} with --recompute-method "
+                "uniform and MTP: megatron-core asserts 'recompute_num_layers must be 1 for MTP "
+                "recompute'"
+            )
+        return None
 
     def without_recompute(self) -> MemorySettings:
         """These settings with no recomputation (``--recompute-modules``' default kept)."""
@@ -140,6 +163,8 @@ _READ = frozenset(
         "exp_avg_sq_dtype",
         "cross_entropy_fusion_impl",
         "fp8_recipe",
+        "moe_grouped_gemm",
+        "moe_shared_expert_overlap",
         "num_distributed_optimizer_instances",
         "optimizer_offload_fraction",
     }
@@ -210,6 +235,8 @@ def memory_settings(args: Sequence[str], source: str = SOURCE) -> MemorySettings
         optimizer_offload_fraction=fraction if parsed.get("optimizer_cpu_offload") else 0.0,
         optimizer_instances=instances,
         cross_entropy=cross_entropy,
+        grouped_gemm=bool(parsed.get("moe_grouped_gemm")),
+        shared_expert_overlap=bool(parsed.get("moe_shared_expert_overlap")),
     )
 
 

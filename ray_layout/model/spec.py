@@ -118,14 +118,11 @@ class Recipe:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flags", job_flags(self.megatron_args))
-        memory = self.flags.memory
-        uniform = memory.recompute_method == "uniform"
-        if self.model.mtp_num_layers and uniform and memory.recompute_num_layers != 1:
-            raise ConfigError(  # multi_token_prediction.py asserts it in the MTP layer's forward
-                f"{SOURCE}: --recompute-num-layers {memory.recompute_num_layers} with "
-                "--recompute-method uniform and MTP: megatron-core asserts "
-                "'recompute_num_layers must be 1 for MTP recompute'"
-            )
+        refused = self.flags.memory.recompute_refusal(
+            mla=self.model.mla is not None, mtp=bool(self.model.mtp_num_layers)
+        )
+        if refused:
+            raise ConfigError(f"{SOURCE}: {refused}")
 
 
 # The ModelSpec fields a loader gives as they are (the table's entries; the rest are derived).

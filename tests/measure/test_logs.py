@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError, MeasurementError
@@ -998,8 +998,10 @@ def test_every_value_of_every_record_is_read_whole(where, value, form, junk) -> 
     every record; with anything appended, its line is dropped and counted, never read."""
     write, read = _IN_LINE[where]
     printed = form.format(value)
+    number = float(printed.replace(",", "").replace("_", ""))
+    assume(where != "step" or number > 0)  # a step of no time is refused: tested on its own
     whole = parse_log(as_text(write(printed)))
-    assert read(whole) == float(printed.replace(",", "").replace("_", ""))
+    assert read(whole) == number
     assert whole.skipped_lines == 0
     if not junk:
         return

@@ -257,8 +257,13 @@ def test_the_planners_arrays_agree_with_stage_memory(flags):
 def test_a_recipes_flags_reach_the_planner():
     recipe = load_hf_config("tests/data/hf/DeepSeek-V3/config.json", seq_length=1024)
     flags = ("--recompute-granularity", "selective", "--recompute-modules", "moe_act")
-    problem = Problem.of(replace(recipe, megatron_args=flags), COSTS, SearchSpec(8), PlanOptions())
+    grouped = (*flags, "--moe-grouped-gemm")
+    problem = Problem.of(
+        replace(recipe, megatron_args=grouped), COSTS, SearchSpec(8), PlanOptions()
+    )
     assert problem.memory.selective == {"moe_act"}
+    with pytest.raises(ConfigError, match="moe_act needs --moe-grouped-gemm"):
+        replace(recipe, megatron_args=flags)  # megatron-core's TransformerConfig refuses it
     with pytest.raises(ConfigError, match="'experts'"):  # refused as the recipe is built
         replace(recipe, megatron_args=("--recompute-granularity", "selective",
                                        "--recompute-modules", "experts"))  # fmt: skip

@@ -105,8 +105,9 @@ def test_a_run_with_its_own_recomputation_carries_it_on_every_ranks_command_line
     """The built command replaces the job's recompute flags with the run's, the emulated rank
     reads them back as its memory settings, and the run is another run (another id); a run of
     the job's own setting keeps the user's flags as written."""
+    grouped = (*HANDBOOK.megatron_args, "--moe-grouped-gemm")  # which moe_act recompute needs
     recipe = replace(with_parallel(HANDBOOK, pp=2, global_batch_size=32),
-                     megatron_args=(*HANDBOOK.megatron_args, *FULL))  # fmt: skip
+                     megatron_args=(*grouped, *FULL))  # fmt: skip
     specs = []
 
     def run_many(built, **kwargs):
@@ -116,7 +117,7 @@ def test_a_run_with_its_own_recomputation_carries_it_on_every_ranks_command_line
     monkeypatch.setattr(layout_runs, "run_many", run_many)
     layout = Layout.parse("Et*9|t*7mL", 2)
     runs = [
-        LayoutRun(layout, kind="ab", recompute=memory_settings(SELECTIVE)),
+        LayoutRun(layout, kind="ab", recompute=memory_settings((*grouped, *SELECTIVE))),
         LayoutRun(layout, kind="ab", recompute=memory_settings(FULL)),
         LayoutRun(layout, kind="ab"),
     ]
@@ -130,8 +131,10 @@ def test_a_run_with_its_own_recomputation_carries_it_on_every_ranks_command_line
     assert own == unchanged and " ".join(FULL) in " ".join(own)
     assert specs[0].run_id != specs[2].run_id and specs[1].run_id == specs[2].run_id
     emulated = run_config(recomputed[3:], recipe.parallel.world_size)  # what each rank runs
-    assert emulated.memory == memory_settings(SELECTIVE)
-    assert run_config(own[3:], recipe.parallel.world_size).memory == memory_settings(FULL)
+    assert emulated.memory == memory_settings((*grouped, *SELECTIVE))
+    assert run_config(own[3:], recipe.parallel.world_size).memory == memory_settings(
+        (*grouped, *FULL)
+    )
     assert recompute_recipe(recipe, None) is recipe
     assert recompute_recipe(recipe, memory_settings(FULL)) is recipe
 

@@ -36,7 +36,8 @@ def handbook(hbm_gib: float | None, *flags: str) -> Problem:
 
 
 def test_the_settings_go_from_none_through_selective_and_block_to_full_uniform():
-    job = memory_settings(["--recompute-granularity", "selective", "--recompute-modules", "mlp"])
+    selective = ["--recompute-granularity", "selective", "--recompute-modules", "mlp"]
+    job = memory_settings([*selective, "--moe-grouped-gemm"])
     options = recompute_options(V3, job, stages=16)
     assert options[0].recompute_granularity is None and options[1] == job
     selective = [o.selective for o in options if o.recompute_granularity == "selective"][1:]
@@ -48,7 +49,9 @@ def test_the_settings_go_from_none_through_selective_and_block_to_full_uniform()
     assert options[-1].recompute_method == "uniform" and options[-1].recompute_num_layers == 1
     assert len(set(options)) == len(options)
     for settings in options:  # every setting is a command line Megatron reads back the same
-        assert memory_settings(with_recompute(["--bf16"], settings)) == settings
+        assert (
+            memory_settings(with_recompute(["--bf16", "--moe-grouped-gemm"], settings)) == settings
+        )
 
 
 @pytest.mark.parametrize("hbm_gib", [30.0, 34.0, None])

@@ -11,7 +11,6 @@ import pytest
 
 from launchers.emulated.hardware import load_profile
 from ray_layout.errors import ConfigError
-from ray_layout.model.memory_settings import memory_settings
 from ray_layout.tuning.recompute_choice import recompute_search
 from search.planner import PlanOptions, Problem, SearchSpec, plan
 from search.recompute_search import joint_plan
@@ -72,7 +71,7 @@ def test_a_job_setting_the_joint_search_skips_still_gives_the_baselines_under_it
     job = replace(SMALL, megatron_args=(*SMALL.megatron_args, *FULL))
     problem = problem_at(131.0, job)
     joint = joint_plan(problem)
-    assert next(t for t in joint.tried if t.settings == memory_settings(FULL)).plan is None
+    assert next(t for t in joint.tried if t.settings == problem.memory).plan is None
     found, _ = recompute_search(problem, "auto")
     assert [b.candidate.recompute for b in found.baselines] == [FULL, FULL]
     assert found.candidates[0].recompute == ()

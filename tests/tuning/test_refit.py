@@ -98,7 +98,7 @@ def test_under_combined_1f1b_the_refit_fits_the_all_to_all_to_the_arms_steps(tmp
     """The A/B arms time merged steps whole: the first fit's unit costs stay, the all-to-all
     time comes from their measured steps (made with 0.4 ms; the FLOP prior says 0.89), and the
     refit is stored for the study's next plan."""
-    flags = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute")
+    flags = ("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-grouped-gemm")
     recipe = replace(with_parallel(HANDBOOK, pp=4, vpp=2), megatron_args=flags)
     costs = costs_from_flops(recipe.model, recipe.parallel)
     searched = Searched(None, SearchSpec(num_microbatches=32), PlanOptions(), 0.0)

@@ -35,7 +35,7 @@ EMULATED = Backend("emulated", hardware_profile=HARDWARE)
 
 
 def test_a_flag_that_changes_unit_costs_is_a_new_study_and_one_that_does_not_is_not():
-    flags = ("--log-interval", "5")
+    flags = (*SMALL.megatron_args, "--log-interval", "5")
     assert study_id(replace(SMALL, megatron_args=flags), EMULATED) == study_id(SMALL, EMULATED)
     recompute = ("--recompute-granularity", "selective")
     ids = {

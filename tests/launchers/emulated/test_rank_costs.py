@@ -71,7 +71,7 @@ FULL = ["--recompute-granularity", "full", "--recompute-method"]
 SELECTIVE = ["--recompute-granularity", "selective", "--recompute-modules"]
 RECOMPUTE = {
     "none": [],
-    "selective": [*SELECTIVE, "core_attn", "moe_act"],
+    "selective": [*SELECTIVE, "core_attn", "moe_act", "--moe-grouped-gemm"],
     "full uniform 1": [*FULL, "uniform", "--recompute-num-layers", "1"],
     **{f"full block {n}": [*FULL, "block", "--recompute-num-layers", str(n)] for n in (1, 2, 3)},
 }
