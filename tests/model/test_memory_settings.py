@@ -330,3 +330,23 @@ def test_with_recompute_keeps_every_other_word_and_runs_exactly_the_given_settin
 def _recompute_of(settings: MemorySettings) -> dict[str, object]:
     names = ("recompute_granularity", "recompute_method", "recompute_num_layers")
     return {name: getattr(settings, name) for name in (*names, "recompute_modules")}
+
+
+@pytest.mark.parametrize(
+    ("flags", "mla", "refused"),
+    [
+        (["moe_act"], False, "moe_act needs --moe-grouped-gemm"),
+        (["moe_act", "--moe-grouped-gemm"], False, None),
+        (["mla_up_proj"], False, "mla_up_proj needs multi-latent attention"),
+        (["mla_up_proj"], True, None),
+        (["shared_experts", "--moe-shared-expert-overlap"], False, "cannot go with"),
+        (["layernorm", "--fp8-format", "e4m3"], False, "delayed scaling does not support"),
+        (["layernorm", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise"], False, None),
+    ],
+)
+def test_the_selective_modules_megatron_core_refuses_are_named(flags, mla, refused):
+    settings = memory_settings(
+        ["--recompute-granularity", "selective", "--recompute-modules", *flags]
+    )
+    found = settings.recompute_refusal(mla=mla, mtp=False)
+    assert (found is None) if refused is None else (refused in found)
