@@ -98,6 +98,33 @@ def _rng_fork() -> None:
     random.CudaRNGStatesTracker.fork = fork
 
 
+def _recompute_rng_states() -> None:
+    import torch
+    from megatron.core.tensor_parallel import random
+
+    def get_states() -> tuple[Any, None, dict[str, Any]]:
+        return torch.get_rng_state(), None, random.get_cuda_rng_tracker().get_states()
+
+    def set_states(cpu_state: Any, cuda_state: None, tracker_states: dict[str, Any]) -> None:
+        torch.set_rng_state(cpu_state)
+        random.get_cuda_rng_tracker().set_states(tracker_states)
+
+    random._get_all_rng_states = get_states
+    random._set_all_rng_states = set_states
+
+
+def _checkpoint_without_output_fp8() -> None:
+    from megatron.core.tensor_parallel import random
+
+    init = random.CheckpointWithoutOutput.__init__
+
+    def without_fp8_unless_asked(self: Any, fp8: Any = False) -> None:
+        init(self, fp8)
+        self.fp8 = fp8 is not None and fp8 is not False
+
+    random.CheckpointWithoutOutput.__init__ = without_fp8_unless_asked
+
+
 def _te_general_gemm() -> None:
     from megatron.core.transformer.moe import moe_utils
 
@@ -161,6 +188,22 @@ ADAPTATIONS = (
         "the CUDA RNG tracker's fork() saves and restores CUDA generator state (expert "
         "initialization, dropout): without CUDA there is no state to fork",
         _rng_fork,
+    ),
+    Adaptation(
+        "recompute-rng-states",
+        "activation recompute (tensor_parallel.random's CheckpointFunction and "
+        "CheckpointWithoutOutput) saves the RNG states before a checkpointed forward and restores "
+        "them around its re-run with _get_all_rng_states/_set_all_rng_states, which read the CUDA "
+        "generator: the CPU generator's state and the tracker's are saved and restored, so a "
+        "re-run forward draws the dropout masks of the first",
+        _recompute_rng_states,
+    ),
+    Adaptation(
+        "checkpoint-without-output-fp8",
+        "CheckpointWithoutOutput() (layernorm recompute) takes its default fp8=False for fp8 on "
+        "(it tests fp8 is not None) and then reads Transformer Engine's FP8GlobalStateManager, "
+        "undefined without TE: False means no fp8",
+        _checkpoint_without_output_fp8,
     ),
     Adaptation(
         "te-general-gemm",

@@ -18,6 +18,7 @@ from ray_layout.errors import ConfigError
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.job_flags import JobFlags
 from ray_layout.model.layout import MTP, Layout, build_problem
+from ray_layout.model.memory_settings import MemorySettings
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ class CoreSettings:
 
 
 def transformer_config(run: RunConfig, settings: CoreSettings) -> Any:
-    """The ``TransformerConfig`` of the run: model shape, MoE, MTP, parallel sizes and layout."""
+    """The ``TransformerConfig`` of the run: model shape, MoE, MTP, parallel sizes, layout and
+    the job's recompute settings (so a profiling run recomputes as the job will)."""
     import torch
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -70,6 +72,7 @@ def transformer_config(run: RunConfig, settings: CoreSettings) -> Any:
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
+        **recompute_kwargs(run.memory),
     )
     if model.num_experts:
         kwargs.update(
@@ -83,6 +86,20 @@ def transformer_config(run: RunConfig, settings: CoreSettings) -> Any:
             moe_grouped_gemm=False,
         )
     return TransformerConfig(**kwargs)
+
+
+def recompute_kwargs(memory: MemorySettings) -> dict[str, Any]:
+    """``TransformerConfig``'s recompute fields for the job's settings, as Megatron-LM's
+    ``core_transformer_config_from_args`` passes them: the method and layer count only under
+    full recompute (megatron-core refuses a layer count with selective), the modules always."""
+    granularity = memory.recompute_granularity
+    full = granularity == "full"
+    return dict(
+        recompute_granularity=granularity,
+        recompute_method=memory.recompute_method if full else None,
+        recompute_num_layers=memory.recompute_num_layers if full else None,
+        recompute_modules=sorted(memory.recompute_modules),
+    )
 
 
 def _activation(model: ModelSpec) -> Any:
@@ -211,7 +228,18 @@ NO_EP_OVERLAP_ON_CPU = (
 )
 
 
+# the CPU ranks run the experts without grouped GEMM (SequentialMLP), and megatron-core's
+# TransformerConfig refuses moe_act recompute without it
+NO_MOE_ACT_RECOMPUTE_ON_CPU = (
+    "the megatron-core backend runs on CPU without grouped GEMM, where megatron-core refuses "
+    "--recompute-modules moe_act; tune it on the emulated or the megatron backend"
+)
+
+
 def check_runs_on_cpu(flags: JobFlags) -> None:
-    """Refuse, before any run, a job whose schedule megatron-core cannot run on CPU ranks."""
+    """Refuse, before any run, a job whose schedule or recompute megatron-core cannot run on
+    CPU ranks."""
     if flags.ep_overlap.on:
         raise ConfigError(NO_EP_OVERLAP_ON_CPU)
+    if "moe_act" in flags.memory.selective:
+        raise ConfigError(NO_MOE_ACT_RECOMPUTE_ON_CPU)

@@ -37,6 +37,7 @@ from ray_layout.model.sizing import GIB
 from ray_layout.model.spec import Recipe
 from ray_layout.runtime.failures import FINISHED, STOPPED
 from ray_layout.runtime.layout_runs import (
+    MEGATRON_CORE,
     Backend,
     LayoutRun,
     ProfiledRun,
@@ -243,6 +244,9 @@ def search(
     started = time.monotonic()
     map_shards = ray_map_shards if spec.shards > 1 else None
     problem = Problem.of(recipe, costs, spec, options)
+    if settings.backend.name == MEGATRON_CORE:  # its CPU ranks run the experts without grouped
+        # GEMM, where megatron-core refuses moe_act recompute: the search never offers it
+        problem = replace(problem, memory=replace(problem.memory, grouped_gemm=False))
     found, why = recompute_search(problem, tune.recompute, progress, map_shards)
     return Searched(found, spec, options, time.monotonic() - started, why)
 

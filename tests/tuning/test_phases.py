@@ -146,6 +146,12 @@ def test_arms_from_a_layout_x_recompute_search_carry_the_setting_they_run():
         settings.options, recompute="auto")))  # fmt: skip
     assert auto.recompute == "asked (--recompute auto): searched layout x recompute"
     assert choose_arms(auto.found, 2) == arms
+    # megatron-core's CPU ranks cannot recompute the experts' activation: never offered there
+    core = replace(settings, backend=Backend("megatron-core", hardware_profile=PROFILE))
+    on_cpu = phases.search(recipe, costs, core)
+    assert on_cpu.found.candidates and all(
+        "moe_act" not in c.recompute for c in on_cpu.found.candidates
+    )
 
 
 # --- the fit ---------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def test_an_unknown_version_is_refused_in_one_line():
 
 def test_each_adaptation_has_a_unique_name_and_a_reason():
     names = [adaptation.name for adaptation in ADAPTATIONS]
-    assert len(set(names)) == len(names) == 8
+    assert len(set(names)) == len(names) == 10
     assert all(len(adaptation.reason) > 40 for adaptation in ADAPTATIONS)
 
 
@@ -65,3 +65,47 @@ def test_a_missing_megatron_core_is_one_line(monkeypatch):
 
     with pytest.raises(ConfigError, match="needs megatron-core installed"):
         megatron_core_version()
+
+
+@pytest.mark.megatron
+def test_applied_in_a_child_process_recompute_reruns_a_forward_with_its_dropout_masks():
+    """megatron-core's checkpoints on the CPU: ``tensor_parallel.checkpoint`` (full recompute,
+    core_attn, mlp, moe) and ``CheckpointWithoutOutput`` (layernorm) give the gradients of the
+    plain forward, dropout included, since the re-run draws the first forward's masks."""
+    program = (
+        "from launchers.megatron_core.cpu_adaptations import apply_adaptations\n"
+        "apply_adaptations()\n"
+        "import torch\n"
+        "from megatron.core import tensor_parallel\n"
+        "weight = torch.randn(8, 8, requires_grad=True)\n"
+        "x = torch.randn(4, 8, requires_grad=True)\n"
+        "def layer(h):\n"
+        "    return torch.nn.functional.dropout(h @ weight, 0.5, training=True).tanh()\n"
+        "def grads(run):\n"
+        "    torch.manual_seed(7)\n"
+        "    weight.grad = x.grad = None\n"
+        "    out = run(x)\n"
+        "    (out * out).sum().backward()\n"
+        "    return out.detach(), weight.grad.clone(), x.grad.clone()\n"
+        "plain = grads(layer)\n"
+        "full = grads(lambda h: tensor_parallel.checkpoint(layer, False, h))\n"
+        "def without_output(h):\n"
+        "    saved = tensor_parallel.CheckpointWithoutOutput()\n"
+        "    inner = saved.checkpoint(layer, h)\n"
+        "    out = inner * 2\n"
+        "    saved.discard_output_and_register_recompute(out)\n"
+        "    return out / 2\n"
+        "kept = grads(without_output)\n"
+        "for other in (full, kept):\n"
+        "    assert all(torch.allclose(a, b) for a, b in zip(plain, other)), other\n"
+        "print('same')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", program],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "same"

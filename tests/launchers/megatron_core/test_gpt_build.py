@@ -1,5 +1,6 @@
 """What a layout's stage holds in megatron-core's terms, which layouts deadlock megatron-core
-0.16.1's build, and the TransformerConfig a run gets from its command line."""
+0.16.1's build, the TransformerConfig a run gets from its command line (the job's recompute
+settings as Megatron-LM's own arguments give them), and the recompute the CPU ranks refuse."""
 
 from __future__ import annotations
 
@@ -9,12 +10,19 @@ from launchers.emulated.config import run_config
 from launchers.megatron_core.gpt_build import (
     CoreSettings,
     check_buildable,
+    check_runs_on_cpu,
     embedding_group,
     expected_stage,
     transformer_config,
 )
 from ray_layout.errors import ConfigError
+from ray_layout.model.job_flags import job_flags
 from ray_layout.model.layout import Layout
+from tests.helpers.megatron_arguments_oracle import (
+    megatron_core_config,
+    parse_megatron_args,
+    validate_megatron_args,
+)
 from tests.helpers.megatron_core_ranks import core_arguments
 from tests.helpers.megatron_oracle import MEGATRON_CPU_WARNINGS
 
@@ -55,3 +63,52 @@ def test_the_config_carries_the_layout_and_the_moe_shape():
     assert config.num_moe_experts == 4 and config.moe_layer_freq == [0, 1, 1, 1]
     assert config.mtp_num_layers == 1
     assert config.pipeline_model_parallel_layout is not None
+
+
+# megatron-core asks whether core_attn recompute is needed under Transformer Engine's fused one
+CORE_ATTN_WARNING = "ignore:If you are using transformer_engine:UserWarning"
+RECOMPUTE_FIELDS = (
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "recompute_modules",
+)
+
+
+@pytest.mark.megatron
+@pytest.mark.filterwarnings(*MEGATRON_CPU_WARNINGS, CORE_ATTN_WARNING)
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "",
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+        "--recompute-granularity full --recompute-method block --recompute-num-layers 2",
+        "--recompute-granularity selective",
+        "--recompute-granularity selective --recompute-modules layernorm core_attn mlp moe",
+        "--recompute-activations",
+        "--moe-layer-recompute",
+    ],
+    ids=["none", "full-uniform", "full-block", "selective", "selective-four", "activations", "moe"],
+)
+def test_the_config_recomputes_as_megatron_lms_own_arguments_have_it(flags):
+    """megatron-core's TransformerConfig built from Megatron-LM's parsed and validated arguments
+    (``core_transformer_config_from_args``) is the oracle for the recompute fields."""
+    layout = Layout.parse("Et|t*3|mL", 3)
+    argv = [*core_arguments(layout, iterations=1), *flags.split()]
+    config = transformer_config(run_config(argv, world_size=3), CoreSettings())
+    oracle = megatron_core_config(validate_megatron_args(parse_megatron_args(argv), 3))
+    ours = {field: getattr(config, field) for field in RECOMPUTE_FIELDS}
+    theirs = {field: getattr(oracle, field) for field in RECOMPUTE_FIELDS}
+    ours["recompute_modules"] = sorted(ours["recompute_modules"])
+    theirs["recompute_modules"] = sorted(theirs["recompute_modules"])
+    assert ours == theirs
+    assert (config.recompute_granularity is None) == (flags == "")
+
+
+def test_moe_act_recompute_is_refused_on_cpu_ranks():
+    """A job with grouped GEMM may recompute moe_act; the CPU ranks run the experts without
+    grouped GEMM, where megatron-core refuses it."""
+    selective = ["--moe-grouped-gemm", "--recompute-granularity", "selective"]
+    with pytest.raises(ConfigError, match="--recompute-modules moe_act"):
+        check_runs_on_cpu(job_flags([*selective, "--recompute-modules", "moe_act"]))
+    check_runs_on_cpu(job_flags(selective))

@@ -1,6 +1,7 @@
 """The megatron-core rank end to end: real ranks build the layout's stages in megatron-core and
 print a log the product's parser reads (MoE with MTP on 1F1B, VPP 2 and standalone MTP; dense;
-EP 2 with the alltoall dispatcher); bad input is one line and exit 2."""
+EP 2 with the alltoall dispatcher); full recompute re-runs the forward and trains the same; bad
+input is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from launchers.megatron_core.gpt_build import check_runs_on_cpu, expected_stage
 from launchers.megatron_core.rank_main import BUILT_PREFIX, core_settings, main
 from ray_layout.errors import EXIT_BAD_INPUT, ConfigError
+from ray_layout.measure.log_records import ParsedLog
 from ray_layout.measure.logs import parse_log
 from ray_layout.model.job_flags import job_flags
 from ray_layout.model.layout import Layout
@@ -128,6 +130,55 @@ def test_ep_overlap_is_refused_on_cpu_ranks_and_before_a_tune_starts(monkeypatch
     check_runs_on_cpu(job_flags(["--moe-grouped-gemm"]))  # nothing to refuse
 
 
+def test_uniform_recompute_of_mtp_in_twos_is_refused_before_any_group(monkeypatch, capsys):
+    """megatron-core asserts one layer per checkpoint in the MTP layer's first forward: one line
+    and exit 2 (the job's settings are refused as they are read) instead of a traceback from the
+    MTP rank."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    uniform = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 2"
+    argv = [*core_arguments(Layout.parse("Ett|t*2mL", 2), iterations=1), *uniform.split()]
+    assert main(argv) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "must be 1 for MTP recompute" in error
+
+
 def test_settings_come_from_the_command_line():
     argv = core_arguments(Layout.parse("Ett|t*2mL", 2), iterations=1)
     assert core_settings(argv).dispatcher == "alltoall"  # the product's default for MoE
+
+
+FULL_RECOMPUTE = "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
+
+
+@pytest.mark.slow
+@pytest.mark.megatron
+def test_full_recompute_reruns_the_forward_in_the_backward_and_trains_the_same(tmp_path):
+    """The same layout without and with full recompute: every rank's backward-compute grows by
+    about its forward (a whole re-run of its layers), and the losses are the same, dropout
+    included (the re-run forward draws the first one's masks: the rng states adaptation)."""
+    layout = Layout.parse("Ett|t*2mL", 2)
+    argv = core_arguments(layout, iterations=6)
+    logs = {"plain": tmp_path / "plain", "full": tmp_path / "full"}
+    backward, losses = {}, {}
+    for name, folder in logs.items():
+        folder.mkdir()
+        flags = FULL_RECOMPUTE.split() if name == "full" else []
+        outputs = run_ranks([*argv, *flags], layout.pp, folder)
+        _check_layers(layout, outputs)
+        log = parse_log(outputs[-1].stdout)
+        backward[name] = [_median_timer(log, "backward-compute", rank) for rank in range(2)]
+        losses[name] = [record.losses["lm loss"] for record in log.iterations]
+    assert losses["full"] == pytest.approx(losses["plain"], rel=1e-5)
+    # recomputing the whole forward about doubles a backward (2-3x here): far above the noise
+    assert all(
+        full > 1.3 * plain for full, plain in zip(backward["full"], backward["plain"], strict=True)
+    ), backward
+
+
+def _median_timer(log: ParsedLog, timer: str, rank: int) -> float:
+    """A rank's median ``timer`` past the first two iterations."""
+    values = sorted(
+        r.ms for r in log.timers if r.timer == timer and r.rank == rank and r.iteration > 2
+    )
+    return values[len(values) // 2]

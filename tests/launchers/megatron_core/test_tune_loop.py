@@ -4,23 +4,29 @@ report, for the tiny MoE with MTP on PP 2; and the fit of two real runs predicti
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ray_layout.measure.store import CostStore
+from tests.helpers.megatron_core_fits import (
+    QUIET_IDLE_SHARE,
+    DesignFit,
+    Miss,
+    fit_design_runs,
+    idle_share,
+    median_step,
+    until_one_meets,
+)
 from tests.helpers.paths import ROOT
 
 
 @pytest.mark.slow
 def test_the_tiny_loop_profiles_fits_plans_ab_tests_and_reports(tmp_path):
     runs: list[subprocess.CompletedProcess[str]] = []
-    idle = _idle_share(lambda: runs.append(_tune(tmp_path)))
+    idle = idle_share(lambda: runs.append(_tune(tmp_path)))
     (done,) = runs
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
@@ -82,49 +88,6 @@ def _tune(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ray_layout", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-
-
-def _cli(*argv: str) -> str:
-    done = _run(*argv)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
-
-
-def _median_step(store: Path, study: str) -> float:
-    """The median step of a study's only run, past its first two iterations."""
-    iterations = CostStore(store).read("iterations", study=study)
-    return float(iterations[iterations.iteration > 2].elapsed_ms.median())
-
-
-# One rank computes at a time (the compute lock), so the runs keep about one of two cores busy;
-# below this idle share something else was running, which inflates CPU times (docs)
-QUIET_IDLE_SHARE = 0.25
-
-
-def _idle_share(work: Callable[[], object]) -> float:
-    """The share of the machine's CPU time left idle while ``work`` ran (/proc/stat); 1 where
-    the machine does not say."""
-    before = _cpu_times()
-    work()
-    after = _cpu_times()
-    spent = [b - a for a, b in zip(before, after, strict=True)]
-    return (spent[3] + spent[4]) / sum(spent) if sum(spent) else 1.0
-
-
-def _cpu_times() -> list[int]:
-    """The machine's cumulative CPU times (user, nice, system, idle, iowait, ...) in ticks."""
-    stat = Path("/proc/stat")
-    return [int(x) for x in stat.read_text().split()[1:9]] if stat.exists() else [0] * 8
-
-
 @pytest.mark.slow
 def test_the_fit_of_two_real_runs_predicts_a_third_layouts_step(tmp_path):
     """Profile the design's two layouts, fit, simulate a layout never run, then run it: the
@@ -134,44 +97,21 @@ def test_the_fit_of_two_real_runs_predicts_a_third_layouts_step(tmp_path):
     -29.1% with the cores 43% idle; a CI run's fit refused its own runs), so a miss gets up to
     two more tries from fresh runs; three misses fail, unless the cores were busy (then the test
     skips, saying so)."""
-    misses = []
-    for attempt in ("first", "second", "third"):
-        miss = _fit_and_predict(tmp_path / attempt)
-        if miss is None:
-            return
-        misses.append(miss)
-    outcomes = "; ".join(text for text, _ in misses)
-    if any(busy for _, busy in misses):
-        pytest.skip(f"other work kept the cores busy during the runs: {outcomes}")
-    pytest.fail(f"three tries missed: {outcomes}")
+    until_one_meets(tmp_path, _fit_and_predict)
 
 
-def _fit_and_predict(folder: Path) -> tuple[str, bool] | None:
+def _fit_and_predict(folder: Path) -> Miss | None:
     """One try: profile the design's two runs on PP 3, fit them, simulate ``Et|t*3|mL`` and run
     it.  None when the fit took the runs and predicted the third within 10%; otherwise what
     missed, and whether the cores were under the quiet idle share during the runs."""
-    store, base = folder / "store", ["configs/tiny_moe_mtp.yaml", "--pp", "3"]
-    # one GPU per node: the embedded cluster has room for one run at a time, so no run's CPU
-    # times are inflated by another sharing the cores
-    core = ["--backend", "megatron-core", "--gpus-per-node", "1", "--train-iters", "8"]
-    profile = [*base, *core, "--store", str(store)]
-    idle = [_idle_share(lambda: _cli("profile", *profile, "--study", "fit"))]
-    costs = folder / "costs.json"
-    fit = _run("fit", *base, "--store", str(store), "--study", "fit", "-o", str(costs))
-    cores = f"cores idle {idle[0]:.0%} during the runs"
-    if fit.returncode != 0:
-        assert "miss the measured compute" in fit.stderr, fit.stdout[-3000:] + fit.stderr[-3000:]
-        return f"fit refused ({fit.stderr.strip()}); {cores}", idle[0] < QUIET_IDLE_SHARE
+    design = fit_design_runs(folder)
+    if not isinstance(design, DesignFit):
+        return design
     third = "Et|t*3|mL"
-    simulated = json.loads(
-        _cli("simulate", base[0], third, *base[1:], "--costs", str(costs), "--json")
-    )
-    idle.append(_idle_share(lambda: _cli("profile", *profile, "--layout", third, "--study", "3")))
-    measured = _median_step(store, "3")
-    off = (simulated["mean_ms"] - measured) / measured
-    outcome = (
-        f"{third}: predicted {simulated['mean_ms']:.1f} ms, measured {measured:.1f} ms "
-        f"({off:+.1%}); cores idle {', '.join(f'{share:.0%}' for share in idle)} during the runs"
-    )
-    print(outcome)
-    return None if abs(off) < 0.10 else (outcome, min(idle) < QUIET_IDLE_SHARE)
+    predicted = float(design.simulate(third)["mean_ms"])
+    design.profile(third, "3")
+    measured = median_step(design.store, "3")
+    off = (predicted - measured) / measured
+    outcome = f"{third}: predicted {predicted:.1f} ms, measured {measured:.1f} ms ({off:+.1%})"
+    print(f"{outcome}; {design.cores}")
+    return None if abs(off) < 0.10 else design.miss(outcome)
