@@ -17,10 +17,10 @@ from tests.helpers.cluster import GPUS_PER_NODE
 CONFIG = "configs/handbook_7b_a1b.yaml"
 HARDWARE = Path("cluster_configs/hardware/h200_emulated.yaml")
 HANDBOOK = load_recipe(CONFIG)
-# a MoE job as real ones run it: grouped GEMM, which recomputing the experts' activation needs
-SMALL = replace(
-    with_parallel(HANDBOOK, pp=2, global_batch_size=32), megatron_args=("--moe-grouped-gemm",)
-)
+SMALL = with_parallel(HANDBOOK, pp=2, global_batch_size=32)  # CONFIG with SMALL_OPTIONS' sizes
+# the same job run as real MoE jobs run it: grouped GEMM, which recomputing the experts'
+# activation needs (the layout x recompute tests search with it)
+GROUPED = replace(SMALL, megatron_args=("--moe-grouped-gemm",))
 SMALL_OPTIONS = TuneOptions(
     ab=ABConfig(warmup_iterations=2, batch_size=3, looks=(2, 4)),
     ab_top=2,

@@ -26,7 +26,14 @@ from ray_layout.model.split import PipelineSplit
 from ray_layout.tuning.loop import run_tune
 from ray_layout.tuning.summarize import paste_flags
 from tests.helpers.cluster import GPUS_PER_NODE, NODES
-from tests.helpers.tuning_small import CONFIG, HANDBOOK, HARDWARE, SMALL, small_settings
+from tests.helpers.tuning_small import (
+    CONFIG,
+    GROUPED,
+    HANDBOOK,
+    HARDWARE,
+    SMALL,
+    small_settings,
+)
 
 # SMALL's tune on the command line
 SMALL_FLAGS = (
@@ -292,7 +299,7 @@ def test_a_tune_of_layout_and_recompute_ab_tests_the_pair_it_picks(ray_cluster, 
     flags against the current job (its own layout, the job's own flags), the emulated ranks
     run that recomputation (its measured memory shows it), the flags to paste carry it, and its
     step is predicted as it ran."""
-    recipe = replace(SMALL, split=PipelineSplit(layout="Et*9|t*7mL"))
+    recipe = replace(GROUPED, split=PipelineSplit(layout="Et*9|t*7mL"))
     settings = small_settings(tmp_path, "recompute-auto", hbm_gib=60.0, recompute="auto")
     console, out = quiet()
     summary = run_tune(recipe, settings, CONFIG, console, threading.Event())

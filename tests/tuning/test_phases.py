@@ -27,7 +27,7 @@ from ray_layout.tuning import phases
 from ray_layout.tuning.phases import arm_label, choose_arms, cluster_hbm_gib
 from tests.helpers.cluster import GPUS_PER_NODE
 from tests.helpers.planner_fixtures import handbook_example_plan
-from tests.helpers.tuning_small import HANDBOOK, SMALL, small_settings
+from tests.helpers.tuning_small import GROUPED, HANDBOOK, SMALL, small_settings
 
 PROFILE = Path("cluster_configs/hardware/h200_emulated.yaml")
 DEFAULT = ABConfig()
@@ -118,7 +118,7 @@ def test_arms_from_a_layout_x_recompute_search_carry_the_setting_they_run():
     """60 GiB fits no layout of the small tune without recomputation: the candidates recompute,
     the baselines run the job's own flags, and a candidate of the current layout under another
     setting is an arm of its own."""
-    recipe = replace(SMALL, split=PipelineSplit(layout="Et*9|t*7mL"))
+    recipe = replace(GROUPED, split=PipelineSplit(layout="Et*9|t*7mL"))
     costs = load_profile(PROFILE).costs
     settings = small_settings(Path("/nowhere"), "study", hbm_gib=60.0)
     said: list[str] = []

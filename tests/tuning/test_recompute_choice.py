@@ -14,7 +14,7 @@ from ray_layout.errors import ConfigError
 from ray_layout.tuning.recompute_choice import recompute_search
 from search.planner import PlanOptions, Problem, SearchSpec, plan
 from search.recompute_search import joint_plan
-from tests.helpers.tuning_small import HARDWARE, SMALL
+from tests.helpers.tuning_small import GROUPED, HARDWARE
 
 COSTS = load_profile(HARDWARE).costs
 CHEAP = ("--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act")
@@ -22,7 +22,7 @@ FULL = ("--recompute-granularity", "full", "--recompute-method", "uniform",
         "--recompute-num-layers", "1")  # fmt: skip
 
 
-def problem_at(hbm_gib: float, recipe=SMALL) -> Problem:
+def problem_at(hbm_gib: float, recipe=GROUPED) -> Problem:
     spec = SearchSpec(num_microbatches=recipe.parallel.num_microbatches_or_none)
     return Problem.of(recipe, COSTS, spec, PlanOptions(hbm_gib=hbm_gib))
 
@@ -68,7 +68,7 @@ def test_asked_for_the_tune_finds_a_faster_pair_than_the_jobs_own_setting():
 def test_a_job_setting_the_joint_search_skips_still_gives_the_baselines_under_it():
     """A full-recompute job on roomy GPUs: its setting's ideal step is slower than the plain
     pick, so the joint search never plans it; the baselines are scored under it all the same."""
-    job = replace(SMALL, megatron_args=(*SMALL.megatron_args, *FULL))
+    job = replace(GROUPED, megatron_args=(*GROUPED.megatron_args, *FULL))
     problem = problem_at(131.0, job)
     joint = joint_plan(problem)
     assert next(t for t in joint.tried if t.settings == problem.memory).plan is None

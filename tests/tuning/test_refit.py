@@ -27,7 +27,7 @@ from ray_layout.tuning.refit import arm_problem, refit, refit_all_to_all
 from ray_layout.tuning.summarize import refit_note
 from search.planner import PlanOptions, Problem, SearchSpec, score_given
 from tests.helpers.cluster import GPUS_PER_NODE
-from tests.helpers.tuning_small import HANDBOOK, SMALL
+from tests.helpers.tuning_small import GROUPED, HANDBOOK, SMALL
 
 DEFAULT = ABConfig()
 SELECTIVE = ("--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act")
@@ -85,7 +85,7 @@ def test_arms_that_ran_another_recompute_setting_are_left_out_of_the_refit_and_s
     assert fitted == [["profile-1", "ab-2"]] and refined.result is not None
     assert refined.left_out.startswith("candidate-1 left out of the refit: they ran another")
     # a job that recomputes as the candidate did fits the candidate's run, not the other
-    job = replace(SMALL, megatron_args=(*SMALL.megatron_args, *SELECTIVE))
+    job = replace(GROUPED, megatron_args=(*GROUPED.megatron_args, *SELECTIVE))
     refined = refit(job, None, results=results, **args)
     assert fitted[-1] == ["profile-1", "ab-1"] and refined.left_out.startswith("current left")
     # nothing left to refit with: the first fit stands, and the note says why
