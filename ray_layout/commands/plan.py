@@ -171,7 +171,8 @@ def _layout_cell(row: dict[str, Any], job: list[str]) -> str:
     cell = row["layout"] + (" (MTP standalone)" if row["mtp_standalone"] else "")
     if row.get("recompute", job) != job:
         cell += f" + recompute {setting_name(row['recompute'])}"
-        cell += f" ({row['recompute_cost']:+.1%})" if row["recompute"] else ""
+        cost = row.get("recompute_cost")
+        cell += f" ({cost:+.1%})" if row["recompute"] and cost is not None else ""
     return cell
 
 
@@ -211,7 +212,12 @@ def print_plan(report: dict[str, Any], console: Console) -> None:
         for index, row in enumerate(report["candidates"], 1)
     ]
     compared_with = [
-        _cells(SHOWN[BaselineName(base["name"])].label, base, [""] * len(columns), [])
+        _cells(
+            SHOWN[BaselineName(base["name"])].label,
+            base,
+            [""] * len(columns),
+            report["job_recompute"],
+        )
         for base in scored
     ]
     width = layout_width(console.width, headers, [*ranked, *compared_with])

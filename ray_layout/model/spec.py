@@ -118,7 +118,10 @@ class Recipe:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flags", job_flags(self.megatron_args))
-        refused = self.flags.memory.recompute_refusal(
+        memory = self.flags.memory
+        if any(u.flag == "--fp8-recipe" for u in self.unresolved_arguments):
+            memory = replace(memory, fp8_recipe=None)  # its recipe unknown: no rule of it holds
+        refused = memory.recompute_refusal(
             mla=self.model.mla is not None, mtp=bool(self.model.mtp_num_layers)
         )
         if refused:

@@ -352,3 +352,20 @@ def test_deepseek_with_ep_overlap_names_its_schedule_and_what_is_not_simulated(c
     assert report["schedule_notes"] == []
     assert report["candidates"] and report["proven_bound_ms"] is not None
     assert report["proven_bound_ms"] <= report["candidates"][0]["noise_free_ms"]
+
+
+def test_a_job_that_recomputes_shows_its_baselines_under_its_own_setting(capsys, tmp_path):
+    """The baselines run the job's own recompute flags: their rows carry no price of a setting
+    of their own (a real script's plan once failed there)."""
+    raw = yaml.safe_load((ROOT / "configs" / "handbook_7b_a1b.yaml").read_text())
+    raw["megatron_args"] = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                            "--recompute-num-layers", "1"]  # fmt: skip
+    config = tmp_path / "recomputing.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    options = ("--pp", "4", "--costs", "flops", "--top", "1", "--samples", "8")
+    assert main(["plan", str(config), *options]) == 0
+    shown = capsys.readouterr().out
+    assert "default" in shown and "recompute full" not in shown  # all run the job's own
+    report = run_json(capsys, "plan", str(config), *options)
+    assert report["candidates"][0]["recompute_cost"] > 0.1
+    assert report["baselines"][0]["recompute"] == report["job_recompute"]

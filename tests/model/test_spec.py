@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ray_layout.errors import ConfigError
 from ray_layout.model.fields import model_flags
-from ray_layout.model.megatron_args import megatron_flag_table
+from ray_layout.model.megatron_args import UnresolvedArgument, megatron_flag_table
 from ray_layout.model.moe_layer_freq import parse_moe_layer_freq
 from ray_layout.model.spec import build_recipe, load_recipe_file
 
@@ -198,3 +198,18 @@ def test_uniform_recompute_of_more_than_one_layer_with_mtp_is_refused_as_megatro
     assert one.flags.memory.recompute_num_layers == 1
     dense = replace(recipe, model=replace(recipe.model, mtp_num_layers=0))
     assert replace(dense, megatron_args=(*uniform, "--recompute-num-layers", "2")).flags
+
+
+def test_a_recompute_rule_of_an_fp8_recipe_the_job_leaves_to_its_environment_is_not_applied():
+    """``--fp8-recipe $FP8_RECIPE`` from a file the reader did not read: delayed scaling's rule
+    against layernorm recompute cannot be judged, so the recipe loads (a run asks for the value)."""
+    recipe = load_recipe_file("configs/tiny_moe_mtp.yaml")
+    flags = ("--fp8-format", "e4m3", "--recompute-granularity", "selective",
+             "--recompute-modules", "layernorm")  # fmt: skip
+    with pytest.raises(ConfigError, match="delayed scaling does not support"):
+        replace(recipe, megatron_args=flags)
+    unknown = UnresolvedArgument(
+        "--fp8-recipe", "--fp8-recipe $FP8_RECIPE", "s.sh:3", "$FP8_RECIPE"
+    )
+    loaded = replace(recipe, megatron_args=flags, unresolved_arguments=(unknown,))
+    assert loaded.flags.memory.selective == {"layernorm"}
