@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 from ray_layout.model.costs import UnitCosts, costs_from_flops, load_costs  # noqa: E402
 from ray_layout.model.memory_settings import with_recompute  # noqa: E402
 from ray_layout.model.spec import Recipe, load_recipe_file, with_parallel  # noqa: E402
-from search.planner import PlanOptions, Problem, SearchSpec, score_given  # noqa: E402
-from search.recompute_search import joint_plan  # noqa: E402
+from search.planner import PlanOptions, Problem, SearchSpec  # noqa: E402
+from search.recompute_search import joint_plan, recompute_price  # noqa: E402
 
 TARGET_S = 60.0
 
@@ -48,10 +48,7 @@ def _case(name: str, recipe: Recipe, costs: UnitCosts | None, hbm: float | None)
     found = joint_plan(problem)
     seconds = time.perf_counter() - start
     pick = found.candidates[0] if found.candidates else None
-    price = None
-    if pick is not None:
-        plain = replace(problem, memory=problem.memory.without_recompute())
-        price = pick.mean_ms / score_given(pick.layout, plain).mean_ms - 1
+    price = None if pick is None else recompute_price(pick, problem)
     return {
         "case": name,
         "seconds": seconds,

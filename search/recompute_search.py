@@ -18,7 +18,15 @@ from dataclasses import dataclass, replace
 
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.memory_settings import MemorySettings
-from search.planner import MapShards, Plan, Problem, baselines, ideal_step_ms, plan
+from search.planner import (
+    MapShards,
+    Plan,
+    Problem,
+    baselines,
+    ideal_step_ms,
+    plan,
+    score_given,
+)
 from search.ranking import Candidate
 from search.space import LayoutSpace
 
@@ -224,3 +232,12 @@ def joint_as_plan(joint: JointPlan, problem: Problem, own: Plan | None = None) -
         bound_reason="",
         smallest_peak_gib=min(p.smallest_peak_gib for p in searched),
     )
+
+
+def recompute_price(candidate: Candidate, problem: Problem) -> float:
+    """How much longer the candidate's step is than its layout's without recomputation (0 for
+    a candidate that recomputes nothing)."""
+    if not candidate.recompute:
+        return 0.0
+    plain = replace(problem, memory=problem.memory.without_recompute())
+    return candidate.mean_ms / score_given(candidate.layout, plain).mean_ms - 1.0

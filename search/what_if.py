@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from ray_layout.model.fields import ModelSpec
 from ray_layout.model.layout import Layout
 from ray_layout.model.memory_settings import MemorySettings
-from search.planner import Problem, plan, score_given
+from search.planner import Problem, plan
+from search.recompute_search import recompute_price
 
 WHAT_IF_TIME_S = 2.0  # per re-plan: an answer in seconds beats a proven optimum here
 
@@ -104,8 +105,7 @@ def what_ifs(problem: Problem) -> list[WhatIf]:
         flags = _added(problem.memory, settings)
         if result.candidates:
             pick = result.candidates[0]
-            plain = replace(problem, memory=settings.without_recompute())
-            cost = pick.mean_ms / score_given(pick.layout, plain).mean_ms - 1.0
+            cost = recompute_price(pick, replace(problem, memory=settings))
             found.append(WhatIf(flags, pick.layout, pick.peak_memory_gib, pick.mean_ms, cost))
         else:
             found.append(WhatIf(flags, None, result.smallest_peak_gib))

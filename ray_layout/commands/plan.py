@@ -15,7 +15,6 @@ from ray_layout.commands.common import Command, ModelSettings, emit, json_flag
 from ray_layout.commands.recompute_plan import (
     paste_flags,
     print_recompute_search,
-    recompute_price,
     recompute_section,
 )
 from ray_layout.commands.schedule_compare import compare_schedules, print_schedules
@@ -39,7 +38,7 @@ from ray_layout.options.checks import MAX_TASKS, at_least, between, comma_intege
 from ray_layout.options.flag_fields import option
 from ray_layout.runtime.sharding import ray_map_shards
 from search.planner import Plan, PlanOptions, Problem, SearchSpec
-from search.recompute_search import searched_plan, setting_name
+from search.recompute_search import recompute_price, searched_plan, setting_name
 from search.what_if import what_ifs
 
 

@@ -5,23 +5,13 @@ when asked (``--recompute auto``), every setting real jobs use is planned with t
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from search.planner import Problem, score_given
-from search.ranking import Candidate
+from search.planner import Problem
 from search.recompute_search import JointPlan, SettingPlan, setting_name
-
-
-def recompute_price(candidate: Candidate, problem: Problem) -> float:
-    """How much longer the candidate's step is than its layout's without recomputation."""
-    if not candidate.recompute:
-        return 0.0
-    plain = replace(problem, memory=problem.memory.without_recompute())
-    return candidate.mean_ms / score_given(candidate.layout, plain).mean_ms - 1.0
 
 
 def recompute_section(joint: JointPlan, why: str, problem: Problem) -> dict[str, Any]:

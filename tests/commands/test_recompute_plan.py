@@ -4,22 +4,16 @@ the flags to paste."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-import pytest
 from rich.console import Console
 
 from ray_layout.commands.recompute_plan import (
     paste_flags,
     print_recompute_search,
-    recompute_price,
     recompute_section,
 )
 from ray_layout.model.costs import load_costs
-from ray_layout.model.layout import Layout
-from ray_layout.model.memory_settings import memory_settings
 from ray_layout.model.spec import load_recipe_file, with_parallel
-from search.planner import PlanOptions, Problem, SearchSpec, score_given
+from search.planner import PlanOptions, Problem, SearchSpec
 from search.recompute_search import ASKED, searched_plan
 from tests.helpers.commands_cli import handbook_plan, run_json
 
@@ -33,18 +27,6 @@ def problem(hbm_gib: float | None = 30.0) -> Problem:
     return Problem.of(
         HANDBOOK, COSTS, SearchSpec(32), PlanOptions(top=3, samples=8, hbm_gib=hbm_gib)
     )
-
-
-def test_the_price_is_the_step_over_the_same_layouts_without_recomputation():
-    plain = problem()
-    full = replace(plain, memory=memory_settings(FULL))
-    layout = Layout.parse("Et*5|t*5|t*5|tmL", 4)
-    with_full = score_given(layout, full)
-    assert recompute_price(with_full, full) == pytest.approx(
-        with_full.mean_ms / score_given(layout, plain).mean_ms - 1
-    )
-    assert recompute_price(with_full, full) > 0.1
-    assert recompute_price(score_given(layout, plain), plain) == 0.0
 
 
 def test_the_section_reports_each_setting_tried_with_its_bound():

@@ -12,6 +12,7 @@ import pytest
 
 from ray_layout.model.costs import costs_from_flops, load_costs
 from ray_layout.model.hf_config import load_hf_config
+from ray_layout.model.layout import Layout
 from ray_layout.model.memory_settings import memory_settings, with_recompute
 from ray_layout.model.spec import load_recipe_file, with_parallel
 from search.planner import PlanOptions, Problem, SearchSpec, plan, score_given
@@ -20,6 +21,7 @@ from search.recompute_search import (
     joint_as_plan,
     joint_plan,
     recompute_options,
+    recompute_price,
     searched_plan,
     setting_name,
 )
@@ -137,3 +139,16 @@ def test_beside_ep_all_to_all_overlap_no_full_recompute_is_offered():
     """megatron-core refuses --overlap-moe-expert-parallel-comm with full recomputation."""
     options = recompute_options(V3, memory_settings([]), stages=16, ep_overlap=True)
     assert {o.recompute_granularity for o in options} == {None, "selective"}
+
+
+def test_the_price_is_the_step_over_the_same_layouts_without_recomputation():
+    plain = handbook(30.0)
+    full = replace(plain, memory=memory_settings(["--recompute-granularity", "full",
+        "--recompute-method", "uniform", "--recompute-num-layers", "1"]))  # fmt: skip
+    layout = Layout.parse("Et*5|t*5|t*5|tmL", 4)
+    with_full = score_given(layout, full)
+    assert recompute_price(with_full, full) == pytest.approx(
+        with_full.mean_ms / score_given(layout, plain).mean_ms - 1
+    )
+    assert recompute_price(with_full, full) > 0.1
+    assert recompute_price(score_given(layout, plain), plain) == 0.0
