@@ -27,6 +27,20 @@ def test_each_adaptation_has_a_unique_name_and_a_reason():
 
 
 @pytest.mark.megatron
+def run_in_child(program: str) -> str:
+    """``program`` run by a fresh interpreter (the adaptations patch megatron-core for the whole
+    process), which must succeed: its stdout, stripped."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", program],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
 def test_applied_in_a_child_process_they_make_the_cuda_calls_cpu_ones():
     program = (
         "from launchers.megatron_core.cpu_adaptations import apply_adaptations\n"
@@ -39,15 +53,8 @@ def test_applied_in_a_child_process_they_make_the_cuda_calls_cpu_ones():
         "assert torch.ones(1).cuda().device.type == 'cpu'\n"
         "print(','.join(names))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", program],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().split(",") == [adaptation.name for adaptation in ADAPTATIONS]
+    output = run_in_child(program)
+    assert output.split(",") == [adaptation.name for adaptation in ADAPTATIONS]
 
 
 def test_a_missing_megatron_core_is_one_line(monkeypatch):
@@ -100,12 +107,5 @@ def test_applied_in_a_child_process_recompute_reruns_a_forward_with_its_dropout_
         "    assert all(torch.allclose(a, b) for a, b in zip(plain, other)), other\n"
         "print('same')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", program],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "same"
+    output = run_in_child(program)
+    assert output == "same"
